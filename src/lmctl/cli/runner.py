@@ -1,0 +1,63 @@
+"""Running a command body: one place that turns failures into messages and exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from lmctl.console import Console, OutputOptions
+from lmctl.errors import ExitCode, LmctlError
+from lmctl.signals import sigterm_as_interrupt
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("LMCTL_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def run_command(
+    body: Callable[[Console], dict[str, Any] | None], output: OutputOptions, command: str
+) -> None:
+    """Run ``body``; print its result; map every failure to its exit code without a traceback."""
+    console = Console(output)
+    sigterm_as_interrupt()
+    code = ExitCode.OK
+    payload: dict[str, Any] | None = None
+    try:
+        payload = body(console)
+    except LmctlError as exc:
+        console.stop_progress()
+        code = exc.exit_code
+        console.error(exc.message, exc.hint)
+        payload = {"error": exc.message, "hint": exc.hint}
+        _maybe_traceback()
+    except KeyboardInterrupt:
+        console.stop_progress()
+        code = ExitCode.INTERRUPTED
+        console.error("interrupted before training started; nothing to resume")
+        payload = {"error": "interrupted"}
+    except Exception as exc:
+        console.stop_progress()
+        code = ExitCode.INTERNAL
+        console.error(
+            f"unexpected error: {type(exc).__name__}: {exc}",
+            "rerun with LMCTL_DEBUG=1 for the traceback, and report it if it looks like a bug",
+        )
+        payload = {"error": f"{type(exc).__name__}: {exc}"}
+        _maybe_traceback()
+    if output.json:
+        status = "ok" if code == ExitCode.OK else "error"
+        console.result(
+            {"status": status, "exit_code": int(code), "command": command, **(payload or {})}
+        )
+    if code != ExitCode.OK:
+        raise typer.Exit(int(code))
+
+
+def _maybe_traceback() -> None:
+    if debug_enabled():
+        traceback.print_exc(file=sys.stderr)

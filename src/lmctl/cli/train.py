@@ -1,0 +1,147 @@
+"""``lmctl train <objective>``: one command per objective, flags generated from its config."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any
+
+import typer
+
+from lmctl.cli.options import ConfigOpt, DryRunOpt, JsonOpt, NoProgressOpt, QuietOpt
+from lmctl.cli.params import config_parameters, given, with_signature
+from lmctl.cli.runner import run_command
+from lmctl.console import Console, OutputOptions
+from lmctl.objectives import OBJECTIVES, get_objective
+
+# Keys whose absence (on the command line and in the config file) selects an objective's
+# embedded default run.
+SOURCE_KEYS = (
+    "model_name_or_path",
+    "model_type",
+    "config_name",
+    "dataset_name",
+    "train_file",
+    "validation_file",
+)
+
+EXAMPLES = {
+    "clm": """
+Train a tiny GPT-2 on the bundled Shakespeare corpus (no model, no data needed):
+
+    lmctl train clm
+
+Fine-tune a local model on your text:
+
+    lmctl train clm --model ./gpt2-small --train-file corpus.txt --block-size 512 -o runs/mine
+
+From scratch with a new tokenizer, in CI:
+
+    lmctl train clm --model-type gpt2 --config-overrides n_layer=2,n_embd=64,n_head=2 \\
+        --train-tokenizer 8000 --train-file a.txt --validation-file b.txt --max-steps 30 --json
+""",
+}
+
+train_app = typer.Typer(
+    name="train",
+    help="Train or fine-tune a model.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+)
+
+
+def _cli_only_parameters() -> list[inspect.Parameter]:
+    kw = inspect.Parameter.KEYWORD_ONLY
+    return [
+        inspect.Parameter("config_file", kw, default=None, annotation=ConfigOpt),
+        inspect.Parameter("json_output", kw, default=False, annotation=JsonOpt),
+        inspect.Parameter("quiet", kw, default=False, annotation=QuietOpt),
+        inspect.Parameter("no_progress", kw, default=False, annotation=NoProgressOpt),
+        inspect.Parameter("dry_run", kw, default=False, annotation=DryRunOpt),
+    ]
+
+
+def _make_command(name: str) -> Any:
+    objective = get_objective(name)
+    config_class = objective.config_class
+
+    def command(**values: Any) -> None:
+        output = OutputOptions(
+            json=values.pop("json_output"),
+            quiet=values.pop("quiet"),
+            no_progress=values.pop("no_progress"),
+        )
+        config_file = values.pop("config_file")
+        dry_run = values.pop("dry_run")
+        cli_values = given(values, config_class)
+        run_command(
+            lambda console: run_train(name, cli_values, config_file, dry_run, console),
+            output,
+            f"train {name}",
+        )
+
+    doc = f"{objective.summary}.\n\n{EXAMPLES.get(name, '')}"
+    params = config_parameters(config_class) + _cli_only_parameters()
+    return with_signature(command, params, doc)
+
+
+def run_train(
+    name: str,
+    cli_values: dict[str, Any],
+    config_file: str | None,
+    dry_run: bool,
+    console: Console,
+) -> dict[str, Any]:
+    from lmctl.config.loader import build_config, dump_config, read_config_file, with_output_dir
+    from lmctl.rundir import check_output_dir
+
+    objective = get_objective(name)
+    file_keys = set(read_config_file(config_file)) if config_file else set()
+    defaults: dict[str, Any] = {}
+    embedded = objective.embedded_default()
+    if embedded and not any(key in cli_values or key in file_keys for key in SOURCE_KEYS):
+        defaults = embedded
+        console.info(
+            f"no model and no data given: training the embedded default "
+            f"({embedded.get('model_type')} from scratch on {embedded.get('train_file')})"
+        )
+    config = build_config(
+        objective.config_class,
+        cli_values=cli_values,
+        config_file=config_file,
+        defaults=defaults,
+        objective=name,
+    )
+    config = with_output_dir(config)
+    if dry_run:
+        resolved = {"objective": name, **dump_config(config)}
+        if not console.options.json:
+            import yaml
+
+            sys.stdout.write(yaml.safe_dump(resolved, sort_keys=False))
+        return {"dry_run": True, "config": resolved}
+    check_output_dir(config)
+    from lmctl.engine import train
+
+    result = train(config, objective, console)
+    console.summary(f"lmctl train {name}: {result['output_dir']}", _headline(result["metrics"]))
+    return result
+
+
+def _headline(metrics: dict[str, Any]) -> dict[str, Any]:
+    keys = (
+        "train_loss",
+        "eval_loss",
+        "perplexity",
+        "eval_accuracy",
+        "train_samples",
+        "eval_samples",
+        "train_runtime",
+    )
+    return {key: metrics[key] for key in keys if key in metrics}
+
+
+def register() -> None:
+    for name in OBJECTIVES:
+        objective = get_objective(name)
+        train_app.command(name, help=None, short_help=objective.summary)(_make_command(name))

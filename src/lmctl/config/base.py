@@ -1,0 +1,391 @@
+"""The validated configuration shared by every training objective.
+
+Field names are the upstream script argument names (snake_case), so that a JSON args file
+written for ``run_clm.py`` validates unchanged. Objectives subclass :class:`TrainConfig`
+with their own fields and cross-field rules (see ``lmctl/objectives/``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, SecretStr, model_validator
+
+from lmctl.config.fields import (
+    PANEL_DATA,
+    PANEL_EVAL,
+    PANEL_MODEL,
+    PANEL_TRAINING,
+    flag_name,
+    option,
+)
+
+DATA_EXTENSIONS = ("txt", "csv", "json", "jsonl", "parquet")
+LrScheduler = Literal[
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "reduce_lr_on_plateau",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
+]
+Strategy = Literal["no", "steps", "epoch"]
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+Engine = Literal["trainer", "accelerate"]
+_OVERRIDE_ITEM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=[^,=]*$")
+
+
+def is_remote(path: str) -> bool:
+    """True for fsspec URLs such as ``s3://bucket/key``; local paths and ``file://`` are not."""
+    return "://" in path and not path.startswith("file://")
+
+
+def local_path(path: str) -> Path:
+    return Path(path.removeprefix("file://")).expanduser()
+
+
+def data_extension(path: str) -> str:
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return name.rsplit(".", 1)[-1].lower() if "." in name else ""
+
+
+class Problems:
+    """Collects every problem in a config so that the user sees them all at once."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str]] = []
+
+    def add(self, message: str, hint: str) -> None:
+        self.items.append((message, hint))
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise ConfigProblems(self.items)
+
+
+class ConfigProblems(ValueError):
+    """Raised inside validators; the loader turns it into one ConfigError."""
+
+    def __init__(self, items: list[tuple[str, str]]) -> None:
+        super().__init__("; ".join(message for message, _ in items))
+        self.items = items
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True, protected_namespaces=())
+
+
+class TrainConfig(StrictModel):
+    """Options shared by every ``lmctl train`` objective."""
+
+    objective: ClassVar[str] = ""
+
+    # Model
+    model_name_or_path: str | None = option(
+        None,
+        "Pretrained model: a local directory or a Hub id. Leave unset to train from scratch.",
+        panel=PANEL_MODEL,
+        flags=("--model",),
+    )
+    model_type: str | None = option(
+        None,
+        "Architecture to build from scratch (gpt2, llama, bert, ...).",
+        panel=PANEL_MODEL,
+    )
+    config_overrides: str | None = option(
+        None,
+        "Comma-separated key=value overrides of the from-scratch model config, "
+        "e.g. n_layer=2,n_embd=64.",
+        panel=PANEL_MODEL,
+    )
+    config_name: str | None = option(
+        None, "Model config to use if not the model's own (directory or Hub id).", panel=PANEL_MODEL
+    )
+    tokenizer_name: str | None = option(
+        None,
+        "Tokenizer to use if not the model's own (directory or Hub id).",
+        panel=PANEL_MODEL,
+        flags=("--tokenizer",),
+    )
+    train_tokenizer: int | None = option(
+        None,
+        "Train a new tokenizer with this vocabulary size on the training data "
+        "(from-scratch training only); it is saved with the model.",
+        panel=PANEL_MODEL,
+        gt=0,
+    )
+    cache_dir: str | None = option(
+        None, "Where downloaded models and datasets are cached.", panel=PANEL_MODEL
+    )
+    use_fast_tokenizer: bool = option(
+        True, "Use a fast (Rust) tokenizer when one exists.", panel=PANEL_MODEL
+    )
+    model_revision: str = option(
+        "main", "Model revision: a branch, tag or commit id.", panel=PANEL_MODEL
+    )
+    token: SecretStr | None = option(
+        None,
+        "Hub token (defaults to HF_TOKEN or the cached login). Never written anywhere.",
+        panel=PANEL_MODEL,
+        secret=True,
+        exclude=True,
+    )
+    trust_remote_code: bool = option(
+        False,
+        "Allow models and datasets that run their own code from the Hub or a local directory.",
+        panel=PANEL_MODEL,
+    )
+    dtype: Dtype | None = option(
+        None,
+        "Load a pretrained model in this dtype ('auto' takes it from the checkpoint).",
+        panel=PANEL_MODEL,
+    )
+
+    # Data
+    dataset_name: str | None = option(
+        None, "Dataset on the Hub (or a local dataset script/directory).", panel=PANEL_DATA
+    )
+    dataset_config_name: str | None = option(
+        None, "Configuration name of --dataset-name.", panel=PANEL_DATA
+    )
+    train_file: str | None = option(
+        None, "Training data: a txt, csv, json, jsonl or parquet file.", panel=PANEL_DATA
+    )
+    validation_file: str | None = option(
+        None, "Evaluation data: a txt, csv, json, jsonl or parquet file.", panel=PANEL_DATA
+    )
+    text_column: str | None = option(
+        None,
+        "Column holding the text (default: 'text' if present, else the first column).",
+        panel=PANEL_DATA,
+    )
+    max_train_samples: int | None = option(
+        None, "Keep only the first N training samples (for debugging).", panel=PANEL_DATA, gt=0
+    )
+    max_eval_samples: int | None = option(
+        None, "Keep only the first N evaluation samples (for debugging).", panel=PANEL_DATA, gt=0
+    )
+    validation_split_percentage: int = option(
+        5,
+        "Percent of the training data held out for evaluation when there is no validation split.",
+        panel=PANEL_DATA,
+        ge=0,
+        lt=100,
+    )
+    preprocessing_num_workers: int | None = option(
+        None, "Processes used for tokenization.", panel=PANEL_DATA, gt=0
+    )
+    overwrite_cache: bool = option(
+        False, "Redo preprocessing instead of reusing the cache.", panel=PANEL_DATA
+    )
+
+    # Training
+    engine: Engine = option("trainer", "Training engine.", panel=PANEL_TRAINING)
+    output_dir: str | None = option(
+        None,
+        "Run directory (default: runs/<objective>-<date>-<time>).",
+        panel=PANEL_TRAINING,
+        flags=("-o",),
+    )
+    overwrite_output_dir: bool = option(
+        False, "Allow writing into a non-empty output directory.", panel=PANEL_TRAINING
+    )
+    resume_from_checkpoint: str | None = option(
+        None,
+        "Continue from a checkpoint directory, or 'auto' for the newest in --output-dir.",
+        panel=PANEL_TRAINING,
+    )
+    do_train: bool = option(True, "Train.", panel=PANEL_TRAINING, flags=("--do-train/--no-train",))
+    do_eval: bool = option(
+        True, "Evaluate after training.", panel=PANEL_TRAINING, flags=("--do-eval/--no-eval",)
+    )
+    per_device_train_batch_size: int = option(
+        8, "Training batch size per device.", panel=PANEL_TRAINING, gt=0
+    )
+    per_device_eval_batch_size: int = option(
+        8, "Evaluation batch size per device.", panel=PANEL_TRAINING, gt=0
+    )
+    learning_rate: float = option(5e-5, "Peak learning rate (AdamW).", panel=PANEL_TRAINING, gt=0)
+    weight_decay: float = option(
+        0.0,
+        "AdamW weight decay (never applied to biases and LayerNorm weights).",
+        panel=PANEL_TRAINING,
+        ge=0,
+    )
+    num_train_epochs: float = option(3.0, "Training epochs.", panel=PANEL_TRAINING, gt=0)
+    max_steps: int | None = option(
+        None, "Total optimizer steps; overrides --num-train-epochs.", panel=PANEL_TRAINING, gt=0
+    )
+    gradient_accumulation_steps: int = option(
+        1, "Batches accumulated per optimizer step.", panel=PANEL_TRAINING, gt=0
+    )
+    lr_scheduler_type: LrScheduler = option(
+        "linear", "Learning-rate schedule.", panel=PANEL_TRAINING
+    )
+    warmup_steps: int = option(0, "Linear warmup steps.", panel=PANEL_TRAINING, ge=0)
+    warmup_ratio: float | None = option(
+        None,
+        "Warmup as a fraction of total steps (instead of --warmup-steps).",
+        panel=PANEL_TRAINING,
+        ge=0,
+        lt=1,
+    )
+    max_grad_norm: float = option(
+        1.0, "Gradient clipping norm (0 disables).", panel=PANEL_TRAINING, ge=0
+    )
+    seed: int = option(42, "Random seed.", panel=PANEL_TRAINING)
+    bf16: bool = option(False, "bfloat16 mixed precision.", panel=PANEL_TRAINING)
+    fp16: bool = option(False, "float16 mixed precision (CUDA).", panel=PANEL_TRAINING)
+    dataloader_num_workers: int = option(
+        0, "Dataloader worker processes.", panel=PANEL_TRAINING, ge=0
+    )
+    report_to: list[str] = option(
+        [],
+        "Experiment trackers to log to (tensorboard, wandb, mlflow, ...); repeat the flag.",
+        panel=PANEL_TRAINING,
+    )
+    training_args: dict[str, Any] = option(
+        {},
+        "Extra transformers TrainingArguments fields (config file only).",
+        panel=PANEL_TRAINING,
+        cli=False,
+    )
+
+    # Evaluation and checkpoints
+    logging_steps: float = option(
+        10, "Log every N steps (a value below 1 is a fraction of the run).", panel=PANEL_EVAL, gt=0
+    )
+    eval_strategy: Strategy = option("no", "When to evaluate during training.", panel=PANEL_EVAL)
+    eval_steps: float | None = option(
+        None, "Evaluate every N steps with --eval-strategy steps.", panel=PANEL_EVAL, gt=0
+    )
+    save_strategy: Strategy = option("steps", "When to save checkpoints.", panel=PANEL_EVAL)
+    save_steps: float = option(500, "Save a checkpoint every N steps.", panel=PANEL_EVAL, gt=0)
+    save_total_limit: int | None = option(
+        None, "Keep at most N checkpoints (the newest are kept).", panel=PANEL_EVAL, gt=0
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upstream_sentinels(cls, data: Any) -> Any:
+        """Upstream scripts write -1 for "unset" step counts."""
+        if isinstance(data, dict):
+            for key in ("max_steps", "eval_steps", "save_total_limit"):
+                if data.get(key) in (-1, "-1"):
+                    data = {**data, key: None}
+        return data
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> TrainConfig:
+        problems = Problems()
+        self.check(problems)
+        problems.raise_if_any()
+        return self
+
+    def check(self, problems: Problems) -> None:
+        """Upstream cross-field rules; objectives extend this and call ``super().check``."""
+        from_pretrained = self.model_name_or_path is not None
+        if self.config_overrides is not None:
+            if from_pretrained or self.config_name is not None:
+                problems.add(
+                    "--config-overrides can't be used with --model-name-or-path or --config-name",
+                    "drop --config-overrides, or train from scratch with --model-type",
+                )
+            else:
+                for item in self.config_overrides.split(","):
+                    if not _OVERRIDE_ITEM.match(item.strip()):
+                        problems.add(
+                            f"--config-overrides: '{item}' is not key=value",
+                            "write it as comma-separated key=value pairs, e.g. n_layer=2,n_head=4",
+                        )
+                        break
+        if not from_pretrained and self.config_name is None and self.model_type is None:
+            problems.add(
+                "no model: give --model-name-or-path, --config-name or --model-type",
+                "e.g. --model ./my-model, or --model-type gpt2 to train from scratch",
+            )
+        if self.train_tokenizer is not None:
+            if from_pretrained:
+                problems.add(
+                    "--train-tokenizer only applies when training from scratch",
+                    "drop --train-tokenizer; a pretrained model keeps its own tokenizer",
+                )
+            if self.tokenizer_name is not None:
+                problems.add(
+                    "--train-tokenizer and --tokenizer-name can't be used together",
+                    "choose one: train a new tokenizer or load an existing one",
+                )
+        elif not from_pretrained and self.tokenizer_name is None:
+            problems.add(
+                "training from scratch needs a tokenizer",
+                "give --tokenizer-name DIR, or --train-tokenizer VOCAB_SIZE to train one on "
+                "the training data",
+            )
+        if self.dataset_name is None and self.train_file is None and self.validation_file is None:
+            problems.add(
+                "no data: give --dataset-name or --train-file/--validation-file",
+                "e.g. --train-file corpus.txt",
+            )
+        for name in ("train_file", "validation_file"):
+            path = getattr(self, name)
+            if path is None:
+                continue
+            ext = data_extension(path)
+            if ext not in DATA_EXTENSIONS:
+                problems.add(
+                    f"{flag_name(name)} {path}: unsupported file type '.{ext}'",
+                    "use a " + ", ".join(DATA_EXTENSIONS) + " file",
+                )
+            elif not is_remote(path) and not local_path(path).is_file():
+                problems.add(
+                    f"{flag_name(name)} {path}: no such file",
+                    "check the path (relative paths start from the current directory)",
+                )
+        if (
+            self.train_file is not None
+            and self.validation_file is not None
+            and data_extension(self.train_file) != data_extension(self.validation_file)
+        ):
+            problems.add(
+                "--train-file and --validation-file must have the same file type",
+                "convert one of them so both are txt, csv, json/jsonl or parquet",
+            )
+        if self.do_train and self.train_file is None and self.dataset_name is None:
+            problems.add("--do-train needs training data", "give --train-file or --dataset-name")
+        if self.train_tokenizer is not None and self.train_file is None and not self.dataset_name:
+            problems.add("--train-tokenizer needs training data to learn from", "give --train-file")
+        if self.bf16 and self.fp16:
+            problems.add("--bf16 and --fp16 can't both be set", "choose one precision")
+        if self.warmup_ratio is not None and self.warmup_steps:
+            problems.add(
+                "--warmup-ratio and --warmup-steps can't both be set", "choose one warmup form"
+            )
+        if self.eval_strategy == "steps" and self.eval_steps is None:
+            problems.add("--eval-strategy steps needs --eval-steps", "e.g. --eval-steps 100")
+        if not (self.do_train or self.do_eval):
+            problems.add("nothing to do: both training and evaluation are off", "drop --no-train")
+        if self.resume_from_checkpoint not in (None, "auto"):
+            ckpt = self.resume_from_checkpoint
+            if not is_remote(ckpt) and not local_path(ckpt).is_dir():
+                problems.add(
+                    f"--resume-from-checkpoint {ckpt}: no such directory",
+                    "give a checkpoint directory, or 'auto' for the newest in --output-dir",
+                )
+
+    def resolved_output_dir(self) -> str:
+        if self.output_dir is not None:
+            return self.output_dir
+        return os.path.join("runs", f"{self.objective}-{datetime.now():%Y%m%d-%H%M%S}")
+
+    def token_value(self) -> str | None:
+        if self.token is not None:
+            return self.token.get_secret_value()
+        return None

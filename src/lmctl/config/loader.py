@@ -1,0 +1,167 @@
+"""Merging config sources: defaults < config file < flags actually given on the command line.
+
+Everything here is light: reading a config and reporting its errors never imports torch,
+transformers or datasets.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from lmctl.config.base import ConfigProblems, StrictModel, TrainConfig
+from lmctl.config.fields import field_extra, flag_name
+from lmctl.config.upstream import translate_upstream
+from lmctl.errors import ConfigError
+
+ConfigT = TypeVar("ConfigT", bound=StrictModel)
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml")
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """Parse a YAML, JSON or TOML config file into a flat mapping."""
+    file = Path(path).expanduser()
+    suffix = file.suffix.lower()
+    if suffix not in CONFIG_SUFFIXES:
+        raise ConfigError(
+            f"--config {path}: unsupported config file type '{suffix or '(none)'}'",
+            "use a .yaml, .yml, .json or .toml file",
+        )
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file", "check the path") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--config {path}: cannot read it ({exc})", "check the file") from None
+    data = _parse(text, suffix, path)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of option names to values",
+            "write one 'name: value' per line",
+        )
+    return data
+
+
+def _parse(text: str, suffix: str, path: str) -> Any:
+    if suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{path}, line {exc.lineno}: invalid JSON ({exc.msg})", "fix the JSON syntax"
+            ) from None
+    if suffix == ".toml":
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover - Python 3.10
+            import tomli as tomllib
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML ({exc})", "fix the TOML syntax") from None
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(
+            f"{path}{where}: invalid YAML ({problem})", "fix the YAML syntax"
+        ) from None
+
+
+def build_config(
+    model: type[ConfigT],
+    *,
+    cli_values: dict[str, Any],
+    config_file: str | None = None,
+    objective: str | None = None,
+    defaults: dict[str, Any] | None = None,
+) -> ConfigT:
+    """Validate the merged sources into ``model``; every problem becomes one ConfigError."""
+    known = set(model.model_fields)
+    file_values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if config_file is not None:
+        raw = read_config_file(config_file)
+        file_objective = raw.pop("objective", None)
+        if objective is not None and file_objective not in (None, objective):
+            raise ConfigError(
+                f"{config_file}: this config is for '{file_objective}', not '{objective}'",
+                f"run 'lmctl train {file_objective} --config {config_file}'",
+            )
+        fields, passthrough, unknown = translate_upstream(raw, known)
+        if unknown:
+            raise ConfigError(_unknown_keys_message(unknown, known, config_file), _HINT_KEYS)
+        if passthrough and "training_args" in known:
+            fields["training_args"] = {**passthrough, **fields.get("training_args", {})}
+        file_values = fields
+        sources = {key: f"'{key}' in {config_file}" for key in fields}
+    merged = {**(defaults or {}), **file_values, **cli_values}
+    for key in cli_values:
+        sources[key] = flag_name(key)
+    try:
+        return model.model_validate(merged)
+    except ValidationError as exc:
+        raise _config_error(exc, sources) from None
+
+
+_HINT_KEYS = "fix the key names; 'lmctl train <objective> --help' lists every option"
+
+
+def _unknown_keys_message(unknown: list[str], known: set[str], where: str) -> str:
+    parts = []
+    for key in unknown:
+        close = difflib.get_close_matches(key.replace("-", "_"), sorted(known), n=1, cutoff=0.6)
+        suggestion = f" (did you mean '{close[0]}'?)" if close else ""
+        parts.append(f"'{key}'{suggestion}")
+    noun = "key" if len(unknown) == 1 else "keys"
+    return f"{where}: unknown {noun} " + ", ".join(parts)
+
+
+def _config_error(exc: ValidationError, sources: dict[str, str]) -> ConfigError:
+    messages: list[str] = []
+    hints: list[str] = []
+    for error in exc.errors():
+        ctx_error = (error.get("ctx") or {}).get("error")
+        if isinstance(ctx_error, ConfigProblems):
+            for message, hint in ctx_error.items:
+                messages.append(message)
+                hints.append(hint)
+            continue
+        field = str(error["loc"][0]) if error["loc"] else ""
+        where = sources.get(field, flag_name(field) if field else "config")
+        value = error.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        messages.append(f"{where}: {error['msg']}{shown}")
+        hints.append(f"fix {where}; see --help for accepted values")
+    if len(messages) == 1:
+        return ConfigError(messages[0], hints[0])
+    listing = "; ".join(f"({i}) {m}" for i, m in enumerate(messages, 1))
+    return ConfigError(f"{len(messages)} problems: {listing}", "; ".join(dict.fromkeys(hints)))
+
+
+def dump_config(config: StrictModel) -> dict[str, Any]:
+    """The resolved config as plain data, secrets excluded."""
+    data = config.model_dump(mode="json")
+    for name, info in type(config).model_fields.items():
+        if field_extra(info).get("secret"):
+            data.pop(name, None)
+    return data
+
+
+def with_output_dir(config: TrainConfig) -> TrainConfig:
+    """Fix the default run directory once, so every later step sees the same path."""
+    if config.output_dir is not None:
+        return config
+    return config.model_copy(update={"output_dir": config.resolved_output_dir()})

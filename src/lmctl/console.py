@@ -1,0 +1,170 @@
+"""Everything lmctl shows a person or a CI log.
+
+Two faces: on a terminal a rich live progress display; otherwise (stdout or stderr not a
+terminal, ``CI`` set, or ``--no-progress``) plain timestamped lines with no ANSI escapes and
+no carriage returns. Logs and progress go to stderr; stdout carries only the final result
+(a summary table, or exactly one JSON object with ``--json``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TextIO
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    json: bool = False
+    quiet: bool = False
+    no_progress: bool = False
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def plain_output(no_progress: bool = False) -> bool:
+    if no_progress or os.environ.get("CI") or os.environ.get("NO_COLOR"):
+        return True
+    return not (_is_terminal(sys.stdout) and _is_terminal(sys.stderr))
+
+
+def format_number(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6):
+            return f"{value:.3e}"
+        return f"{value:.4f}".rstrip("0").rstrip(".") if value % 1 else f"{value:.1f}"
+    return str(value)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+class Console:
+    def __init__(self, options: OutputOptions | None = None) -> None:
+        self.options = options or OutputOptions()
+        self.plain = plain_output(self.options.no_progress)
+        self._rich: Any = None
+        self._progress: Any = None
+        self._task: Any = None
+        self._start = 0.0
+        self._total = 0
+
+    @property
+    def rich(self) -> Any:
+        if self._rich is None:
+            from rich.console import Console as RichConsole
+
+            self._rich = RichConsole(stderr=True, highlight=False, soft_wrap=True)
+        return self._rich
+
+    # Messages -----------------------------------------------------------------------------
+    def _line(self, level: str, message: str, style: str = "") -> None:
+        if self.plain:
+            stamp = datetime.now().strftime("%Y-%m-%dT%H:%M:%S")
+            sys.stderr.write(f"{stamp} {level:<5} {message}\n")
+            sys.stderr.flush()
+        else:
+            prefix = f"[{style}]{level.lower()}:[/{style}] " if level != "INFO" else ""
+            self.rich.print(prefix + _escape(message))
+
+    def info(self, message: str) -> None:
+        if not self.options.quiet:
+            self._line("INFO", message)
+
+    def warn(self, message: str) -> None:
+        self._line("WARN", message, "yellow")
+
+    def error(self, message: str, hint: str | None = None) -> None:
+        if self.plain:
+            self._line("ERROR", message if not hint else f"{message} (hint: {hint})")
+            return
+        self.rich.print(f"[bold red]error:[/bold red] {_escape(message)}")
+        if hint:
+            self.rich.print(f"[dim]hint:[/dim] {_escape(hint)}")
+
+    # Progress -----------------------------------------------------------------------------
+    def start_progress(self, total_steps: int, description: str = "training") -> None:
+        self._start = time.monotonic()
+        self._total = total_steps
+        if self.plain or self.options.quiet:
+            self.info(f"{description}: {total_steps} steps")
+            return
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("step {task.completed}/{task.total}"),
+            TextColumn("{task.fields[stats]}"),
+            TimeRemainingColumn(),
+            console=self.rich,
+            transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(description, total=total_steps, stats="")
+
+    def update_progress(self, step: int, stats: dict[str, Any], *, log_line: bool) -> None:
+        shown = "  ".join(f"{key} {format_number(value)}" for key, value in stats.items())
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, stats=shown)
+            return
+        if log_line:
+            elapsed = time.monotonic() - self._start
+            eta = elapsed / step * (self._total - step) if step else 0.0
+            self.info(f"step {step}/{self._total}  {shown}  eta {format_duration(eta)}")
+
+    def stop_progress(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    # Results ------------------------------------------------------------------------------
+    def summary(self, title: str, metrics: dict[str, Any]) -> None:
+        """The end-of-run table on stdout (nothing when --json or --quiet)."""
+        if self.options.json or self.options.quiet:
+            return
+        if self.plain:
+            width = max((len(key) for key in metrics), default=0)
+            lines = [title] + [
+                f"  {key:<{width}}  {format_number(v)}" for key, v in metrics.items()
+            ]
+            sys.stdout.write("\n".join(lines) + "\n")
+            sys.stdout.flush()
+            return
+        from rich.console import Console as RichConsole
+        from rich.table import Table
+
+        table = Table(title=title, show_header=False)
+        table.add_column("metric", style="bold")
+        table.add_column("value", justify="right")
+        for key, value in metrics.items():
+            table.add_row(key, format_number(value))
+        RichConsole(highlight=False).print(table)
+
+    def result(self, payload: dict[str, Any]) -> None:
+        """With --json, the single JSON object on stdout."""
+        if self.options.json:
+            sys.stdout.write(json.dumps(payload, default=str) + "\n")
+            sys.stdout.flush()
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

@@ -1,0 +1,270 @@
+"""Loading raw data and the preprocessing steps every objective shares.
+
+Raw data comes from local files (txt, csv, json, jsonl, parquet) or a Hub dataset. The
+result is a ``DatasetDict`` with ``train`` and, when evaluation is on, ``validation`` (held
+out from train by ``--validation-split-percentage`` when the data has none). Preprocessing
+goes through :func:`cached_map`, which keys the ``datasets`` cache on an explicit
+fingerprint (input data, tokenizer content, parameters, lmctl version) so that an
+identical second run reuses it and any change rebuilds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmctl import __version__, hub
+from lmctl.config.base import data_extension, is_remote, local_path
+from lmctl.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from datasets import Dataset, DatasetDict
+    from transformers import PreTrainedTokenizerBase
+
+    from lmctl.config.base import TrainConfig
+
+BUILDERS = {"txt": "text", "csv": "csv", "json": "json", "jsonl": "json", "parquet": "parquet"}
+
+
+def load_raw(config: TrainConfig, *, need_eval: bool, text_options: dict[str, Any]) -> DatasetDict:
+    """Load the user's data as ``train``/``validation`` splits."""
+    import datasets
+
+    if config.dataset_name is not None:
+        raw = _load_hub_dataset(config)
+        source = {"train": f"--dataset-name {config.dataset_name}"}
+    else:
+        files = {}
+        if config.train_file is not None:
+            files["train"] = config.train_file
+        if config.validation_file is not None:
+            files["validation"] = config.validation_file
+        raw = _load_files(config, files, text_options)
+        source = {split: f"{path}" for split, path in files.items()}
+    if config.do_train and "train" in raw and len(raw["train"]) == 0:
+        raise DataError(
+            f"{source.get('train', 'training data')}: no records (the data is empty)",
+            "give a file with at least one non-empty record",
+        )
+    if need_eval and "validation" not in raw:
+        raw = _hold_out_validation(raw, config.validation_split_percentage)
+    if need_eval and len(raw["validation"]) == 0:
+        raise DataError(
+            f"{source.get('validation', 'evaluation data')}: no records (the data is empty)",
+            "give a validation file with at least one record, or --no-eval",
+        )
+    splits = {}
+    for split, dataset in raw.items():
+        limit = config.max_train_samples if split == "train" else config.max_eval_samples
+        if split not in ("train", "validation"):
+            continue
+        keep = len(dataset) if limit is None else min(limit, len(dataset))
+        splits[split] = dataset if keep == len(dataset) else dataset.select(range(keep))
+    return datasets.DatasetDict(splits)
+
+
+def _load_files(config: TrainConfig, files: dict[str, str], text_options: dict[str, Any]) -> Any:
+    import datasets
+
+    local_files = {split: _localize(path) for split, path in files.items()}
+    extension = data_extension(next(iter(files.values())))
+    builder = BUILDERS[extension]
+    kwargs: dict[str, Any] = dict(text_options) if builder == "text" else {}
+    try:
+        return datasets.load_dataset(
+            builder, data_files=local_files, cache_dir=config.cache_dir, **kwargs
+        )
+    except Exception as exc:
+        for split, path in local_files.items():
+            _explain_bad_file(path, extension, files[split], exc)
+        raise DataError(
+            f"{', '.join(files.values())}: could not be read as {extension} ({_root_cause(exc)})",
+            f"check that the file is valid {extension}",
+        ) from exc
+
+
+def _localize(path: str) -> str:
+    if is_remote(path):
+        raise ConfigError(
+            f"{path}: remote data URLs are not supported by this command yet",
+            "download the file and pass its local path",
+        )
+    return str(local_path(path))
+
+
+def _explain_bad_file(path: str, extension: str, shown: str, exc: Exception) -> None:
+    """Find the first malformed line of a JSON-lines file so the error can name it."""
+    if extension not in ("json", "jsonl"):
+        return
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        first = handle.read(1)
+        if first == "[":
+            return
+        handle.seek(0)
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(
+                    f"{shown}, line {number}: invalid JSON ({err.msg})",
+                    "fix that line; each line must be one JSON object",
+                ) from exc
+            if not isinstance(record, dict):
+                raise DataError(
+                    f"{shown}, line {number}: expected a JSON object, got {type(record).__name__}",
+                    'write one object per line, e.g. {"text": "..."}',
+                ) from exc
+
+
+def _root_cause(exc: BaseException) -> str:
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def _load_hub_dataset(config: TrainConfig) -> Any:
+    import datasets
+
+    name = config.dataset_name
+    assert name is not None
+    local = Path(name).expanduser()
+    if not local.exists() and not hub.offline_mode():
+        hub.require_hub(f"--dataset-name {name}")
+    try:
+        return datasets.load_dataset(
+            name,
+            config.dataset_config_name,
+            cache_dir=config.cache_dir,
+            token=config.token_value(),
+            trust_remote_code=config.trust_remote_code or None,
+        )
+    except Exception as exc:
+        if hub.is_connection_error(exc):
+            raise hub.unreachable(f"--dataset-name {name}") from exc
+        raise DataError(
+            f"--dataset-name {name}: could not load it ({_root_cause(exc)})",
+            "check the dataset name and --dataset-config-name",
+        ) from exc
+
+
+def _hold_out_validation(raw: Any, percentage: int) -> Any:
+    import datasets
+
+    if percentage <= 0:
+        raise ConfigError(
+            "evaluation is on, there is no validation data and --validation-split-percentage is 0",
+            "give --validation-file, a percentage above 0, or --no-eval",
+        )
+    train = raw["train"]
+    held = len(train) * percentage // 100
+    if len(train) < 2:
+        raise DataError(
+            "the training data has fewer than 2 records, too few to hold out a validation split",
+            "give --validation-file, or more training data",
+        )
+    held = max(1, held)
+    return datasets.DatasetDict(
+        {"validation": train.select(range(held)), "train": train.select(range(held, len(train)))}
+    )
+
+
+def text_column(dataset: Dataset, requested: str | None, where: str) -> str:
+    """The text column: ``--text-column``, else ``text`` if present, else the first column."""
+    columns = list(dataset.column_names)
+    if requested is not None:
+        if requested not in columns:
+            raise DataError(
+                f"{where}: no column '{requested}' (columns: {', '.join(columns)})",
+                "fix --text-column",
+            )
+        name = requested
+    else:
+        name = "text" if "text" in columns else columns[0]
+    feature = dataset.features[name]
+    dtype = getattr(feature, "dtype", None)
+    if dtype not in ("string", "large_string"):
+        raise DataError(
+            f"{where}: column '{name}' holds {dtype or type(feature).__name__}, not text "
+            f"(columns: {', '.join(columns)})",
+            "add a 'text' column or name the text column with --text-column",
+        )
+    return name
+
+
+def iterate_texts(dataset: Dataset, column: str, batch_size: int = 1000) -> Iterator[list[str]]:
+    """Non-empty texts of one column in batches (for training a tokenizer)."""
+    for start in range(0, len(dataset), batch_size):
+        batch = dataset[start : start + batch_size][column]
+        yield [text for text in batch if text]
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """A hash of everything that decides how the tokenizer splits text."""
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        for file in sorted(Path(tmp).iterdir()):
+            digest.update(file.name.encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def fingerprint(*parts: Any) -> str:
+    payload = json.dumps([__version__, *parts], sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def cached_map(
+    dataset: Dataset,
+    function: Callable[..., Any],
+    *,
+    key: Iterable[Any],
+    config: TrainConfig,
+    description: str,
+    remove_columns: list[str] | None = None,
+) -> Dataset:
+    """``Dataset.map`` keyed on an explicit fingerprint of its inputs and parameters."""
+    return dataset.map(
+        function,
+        batched=True,
+        num_proc=config.preprocessing_num_workers,
+        remove_columns=remove_columns,
+        load_from_cache_file=not config.overwrite_cache,
+        new_fingerprint=fingerprint(dataset._fingerprint, *key),
+        desc=description,
+    )
+
+
+def group_into_blocks(examples: dict[str, list[list[int]]], block_size: int) -> dict[str, Any]:
+    """Concatenate token lists and cut them into ``block_size`` blocks, dropping the rest."""
+    import numpy as np
+
+    out: dict[str, Any] = {}
+    for column, sequences in examples.items():
+        if not sequences:
+            out[column] = []
+            continue
+        flat = np.concatenate([np.asarray(sequence, dtype=np.int64) for sequence in sequences])
+        usable = (len(flat) // block_size) * block_size
+        out[column] = flat[:usable].reshape(-1, block_size).tolist()
+    return out
+
+
+def silence_libraries() -> None:
+    """Keep library progress bars and info logs out of lmctl's own output."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()

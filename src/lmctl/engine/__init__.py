@@ -1,0 +1,76 @@
+"""One entry point for training, whichever engine runs the loop.
+
+:func:`train` owns the run directory contract (config, results, model card) and the outcome
+(success, interrupted, non-finite loss); an engine module only runs the loop and returns an
+:class:`~lmctl.engine.common.EngineResult`.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from lmctl import rundir
+from lmctl.engine.common import NonFiniteLoss
+from lmctl.errors import Interrupted, TrainingFailed
+from lmctl.metrics import perplexity
+from lmctl.signals import graceful_stop
+
+if TYPE_CHECKING:
+    from lmctl.config.base import TrainConfig
+    from lmctl.console import Console
+    from lmctl.objectives.base import Objective
+
+ENGINES: dict[str, str] = {
+    "trainer": "lmctl.engine.trainer",
+}
+
+
+def train(config: TrainConfig, objective: Objective, console: Console) -> dict[str, Any]:
+    from lmctl.pipeline import prepare
+
+    run_dir = rundir.prepare_output_dir(config)
+    rundir.write_config(run_dir, config)
+    console.info(f"run directory: {run_dir}")
+    prepared = prepare(config, objective, run_dir, console)
+    engine = import_module(ENGINES[config.engine])
+    with graceful_stop() as stop:
+        try:
+            result = engine.run(prepared, console, stop)
+        except NonFiniteLoss as exc:
+            console.stop_progress()
+            latest = rundir.latest_checkpoint(run_dir)
+            kept = (
+                f"the last good checkpoint is {latest}" if latest else "no checkpoint was saved yet"
+            )
+            raise TrainingFailed(
+                f"training stopped: {exc}; {kept}",
+                "lower --learning-rate, add --warmup-steps or --max-grad-norm, or check the data",
+            ) from exc
+    if result.interrupted_at is not None:
+        where = (
+            f"checkpoint saved at step {result.interrupted_at}"
+            if result.checkpoint
+            else "no checkpoint"
+        )
+        raise Interrupted(
+            f"interrupted by {stop.signal_name}; {where} in {run_dir}",
+            f"continue with: lmctl resume {run_dir}",
+        )
+    if result.train_metrics:
+        rundir.save_results(run_dir, "train", result.train_metrics)
+    if result.eval_metrics:
+        eval_metrics = dict(result.eval_metrics)
+        if objective.reports_perplexity and "eval_loss" in eval_metrics:
+            eval_metrics["perplexity"] = perplexity(eval_metrics["eval_loss"])
+        rundir.save_results(run_dir, "eval", eval_metrics)
+    results = rundir.load_results(run_dir)
+    rundir.write_model_card(
+        run_dir,
+        config=config,
+        objective=objective,
+        results=results,
+        engine=config.engine,
+        resumed=result.resumed_from is not None,
+    )
+    return {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": results}

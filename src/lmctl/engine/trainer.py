@@ -1,0 +1,176 @@
+"""The ``trainer`` engine: the transformers ``Trainer``, driven by a validated config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmctl.engine.common import EngineResult, NonFiniteLoss, StepReporter
+from lmctl.errors import ConfigError
+from lmctl.signals import StopRequest
+
+if TYPE_CHECKING:
+    from lmctl.config.base import TrainConfig
+    from lmctl.console import Console
+    from lmctl.pipeline import Prepared
+
+
+def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
+    from transformers import TrainingArguments
+
+    warmup: float = config.warmup_ratio if config.warmup_ratio is not None else config.warmup_steps
+    values: dict[str, Any] = {
+        "output_dir": str(run_dir),
+        "per_device_train_batch_size": config.per_device_train_batch_size,
+        "per_device_eval_batch_size": config.per_device_eval_batch_size,
+        "learning_rate": config.learning_rate,
+        "weight_decay": config.weight_decay,
+        "num_train_epochs": config.num_train_epochs,
+        "max_steps": config.max_steps or -1,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "lr_scheduler_type": config.lr_scheduler_type,
+        "warmup_steps": warmup,
+        "max_grad_norm": config.max_grad_norm,
+        "seed": config.seed,
+        "bf16": config.bf16,
+        "fp16": config.fp16,
+        "dataloader_num_workers": config.dataloader_num_workers,
+        "logging_strategy": "steps",
+        "logging_steps": config.logging_steps,
+        "eval_strategy": config.eval_strategy,
+        "eval_steps": config.eval_steps,
+        "save_strategy": config.save_strategy,
+        "save_steps": config.save_steps,
+        "save_total_limit": config.save_total_limit,
+        "report_to": config.report_to or "none",
+        "do_train": config.do_train,
+        "do_eval": config.do_eval,
+        "disable_tqdm": True,
+        "batch_eval_metrics": True,
+        "include_num_input_tokens_seen": True,
+        "log_level": "error",
+    }
+    values.update(config.training_args)
+    try:
+        return TrainingArguments(**values)
+    except TypeError as exc:
+        raise ConfigError(
+            f"training_args: {exc}",
+            "remove keys that this transformers version's TrainingArguments does not accept",
+        ) from exc
+    except ValueError as exc:
+        raise ConfigError(f"invalid training settings: {exc}", "adjust the flags named") from exc
+
+
+def _make_trainer_class() -> type:
+    import torch
+    from transformers import Trainer
+
+    class LmctlTrainer(Trainer):  # type: ignore[misc]
+        """Stops on a non-finite loss and evaluates with the objective's eval collator."""
+
+        eval_collator: Any = None
+
+        def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            if not torch.isfinite(loss).all():
+                raise NonFiniteLoss(self.state.global_step + 1, float(loss.detach().float().mean()))
+            return loss
+
+        def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+            train_collator = self.data_collator
+            if self.eval_collator is not None:
+                self.data_collator = self.eval_collator
+            try:
+                return super().get_eval_dataloader(eval_dataset)
+            finally:
+                self.data_collator = train_collator
+
+    return LmctlTrainer
+
+
+def _callback_class() -> type:
+    from transformers import TrainerCallback
+
+    class ReportingCallback(TrainerCallback):  # type: ignore[misc]
+        def __init__(self, reporter: StepReporter) -> None:
+            self.reporter = reporter
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.reporter.begin(state.max_steps, state.global_step, state.num_input_tokens_seen)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.reporter.step(state.global_step, state.epoch, state.num_input_tokens_seen)
+            if self.reporter.stop.requested:
+                control.should_save = True
+                control.should_training_stop = True
+
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
+        ) -> None:
+            if state.is_world_process_zero and logs:
+                self.reporter.log(state.global_step, state.epoch, dict(logs))
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.reporter.end()
+
+    return ReportingCallback
+
+
+def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult:
+    from transformers import PrinterCallback
+
+    from lmctl import rundir
+
+    config = prepared.config
+    args = training_arguments(config, prepared.run_dir)
+    reporter = StepReporter(console, prepared.run_dir, stop, is_main=args.process_index == 0)
+    metrics = prepared.objective.metrics()
+    trainer = _make_trainer_class()(
+        model=prepared.model,
+        args=args,
+        data_collator=prepared.collator,
+        train_dataset=prepared.train_dataset,
+        eval_dataset=prepared.eval_dataset,
+        processing_class=prepared.tokenizer,
+        compute_metrics=metrics.trainer_hook(),
+        callbacks=[_callback_class()(reporter)],
+    )
+    trainer.eval_collator = prepared.eval_collator
+    trainer.remove_callback(PrinterCallback)
+
+    result = EngineResult()
+    if config.do_train:
+        checkpoint = resolve_resume(config, prepared.run_dir, console)
+        output = trainer.train(resume_from_checkpoint=checkpoint)
+        result.resumed_from = checkpoint
+        if stop.requested:
+            result.interrupted_at = trainer.state.global_step
+            result.checkpoint = rundir.latest_checkpoint(prepared.run_dir)
+            return result
+        result.train_metrics = dict(output.metrics)
+        result.train_metrics["train_samples"] = len(prepared.train_dataset or [])
+        trainer.save_model()
+        trainer.save_state()
+    if config.do_eval:
+        result.eval_metrics = trainer.evaluate()
+        result.eval_metrics["eval_samples"] = len(prepared.eval_dataset or [])
+        if not config.do_train:
+            prepared.tokenizer.save_pretrained(prepared.run_dir)
+    result.global_step = trainer.state.global_step
+    return result
+
+
+def resolve_resume(config: TrainConfig, run_dir: Path, console: Console) -> str | None:
+    from lmctl import rundir
+
+    if config.resume_from_checkpoint is None:
+        return None
+    if config.resume_from_checkpoint != "auto":
+        return config.resume_from_checkpoint
+    latest = rundir.latest_checkpoint(run_dir)
+    if latest is None:
+        console.info(f"no checkpoint in {run_dir} yet: starting from step 0")
+        return None
+    console.info(f"resuming from {latest}")
+    return str(latest)

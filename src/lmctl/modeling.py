@@ -1,0 +1,312 @@
+"""Building or loading the model and its tokenizer.
+
+Three ways to get a model, as upstream: a pretrained model (``--model-name-or-path``), a
+named config (``--config-name``), or an architecture from scratch (``--model-type`` with
+``--config-overrides``). Beyond upstream, a from-scratch run can train its own tokenizer on
+the training data (``--train-tokenizer VOCAB_SIZE``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from lmctl import hub
+from lmctl.config.base import is_remote, local_path
+from lmctl.errors import ConfigError, ModelError, PermissionDenied
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+    from lmctl.config.base import TrainConfig
+    from lmctl.console import Console
+    from lmctl.objectives.base import Objective
+
+T = TypeVar("T")
+
+SPECIAL_TOKENS = {
+    "bpe": {
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>",
+    },
+    "wordpiece": {
+        "unk_token": "[UNK]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+    },
+    "unigram": {
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "sep_token": "<sep>",
+        "pad_token": "<pad>",
+        "cls_token": "<cls>",
+        "mask_token": "<mask>",
+    },
+}
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def load_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: Any) -> T:
+    """Load from a local directory, the Hub cache, or the Hub, in that order."""
+    if is_remote(name):
+        raise ConfigError(
+            f"{flag} {name}: remote model URLs are not supported by this command yet",
+            "copy the model to a local directory and pass its path",
+        )
+    path = local_path(name)
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"{flag} {name}: not a directory", "give a model directory")
+        try:
+            return loader(str(path), **kwargs)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelError(
+                f"{flag} {name}: cannot load it ({_first_line(exc)})",
+                "give a directory written by save_pretrained (config.json, weights, tokenizer)",
+            ) from exc
+    if _looks_like_path(name):
+        raise ConfigError(f"{flag} {name}: no such directory", "check the path")
+    try:
+        return loader(name, local_files_only=True, **kwargs)
+    except (OSError, ValueError):
+        pass
+    hub.require_hub(f"{flag} {name}")
+    try:
+        return loader(name, **kwargs)
+    except Exception as exc:
+        if hub.is_connection_error(exc):
+            raise hub.unreachable(f"{flag} {name}") from exc
+        kind = type(exc).__name__
+        if kind in {"GatedRepoError"} or "401" in str(exc) or "403" in str(exc):
+            raise PermissionDenied(
+                f"{flag} {name}: access denied by the Hub",
+                "log in with 'hf auth login' or pass --token, and request access to the repo",
+            ) from exc
+        raise ModelError(
+            f"{flag} {name}: cannot load it from the Hub ({_first_line(exc)})",
+            "check the repository id and --model-revision",
+        ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def _hub_kwargs(config: TrainConfig) -> dict[str, Any]:
+    return {
+        "cache_dir": config.cache_dir,
+        "revision": config.model_revision,
+        "token": config.token_value(),
+        "trust_remote_code": config.trust_remote_code,
+    }
+
+
+def build_model_config(config: TrainConfig, console: Console) -> PretrainedConfig:
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    kwargs = _hub_kwargs(config)
+    if config.config_name is not None:
+        return load_pretrained(
+            AutoConfig.from_pretrained, config.config_name, "--config-name", **kwargs
+        )
+    if config.model_name_or_path is not None:
+        return load_pretrained(
+            AutoConfig.from_pretrained, config.model_name_or_path, "--model-name-or-path", **kwargs
+        )
+    model_type = config.model_type
+    assert model_type is not None
+    if model_type not in CONFIG_MAPPING:
+        close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING.keys()), n=3)
+        suggestion = (
+            f"did you mean {', '.join(close)}?" if close else "see transformers' model list"
+        )
+        raise ConfigError(f"--model-type {model_type}: unknown architecture", suggestion)
+    model_config = CONFIG_MAPPING[model_type]()
+    if config.config_overrides:
+        console.info(f"config overrides: {config.config_overrides}")
+        try:
+            model_config.update_from_string(config.config_overrides)
+        except ValueError as exc:
+            raise ConfigError(
+                f"--config-overrides: {_first_line(exc)}",
+                f"use attributes of the {model_type} config (e.g. those in its config.json)",
+            ) from exc
+    return model_config
+
+
+def max_positions(model_config: PretrainedConfig) -> int | None:
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = getattr(model_config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def load_tokenizer(
+    config: TrainConfig,
+    objective: Objective,
+    model_config: PretrainedConfig,
+    training_texts: Callable[[], Iterator[list[str]]],
+    console: Console,
+) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    if config.train_tokenizer is not None:
+        return train_tokenizer(
+            training_texts,
+            vocab_size=config.train_tokenizer,
+            algorithm=objective.tokenizer_algorithm,
+            model_max_length=max_positions(model_config) or 1024,
+            console=console,
+        )
+    name = config.tokenizer_name or config.model_name_or_path
+    assert name is not None
+    flag = "--tokenizer-name" if config.tokenizer_name else "--model-name-or-path"
+    return load_pretrained(
+        AutoTokenizer.from_pretrained,
+        name,
+        flag,
+        use_fast=config.use_fast_tokenizer,
+        **_hub_kwargs(config),
+    )
+
+
+def train_tokenizer(
+    training_texts: Callable[[], Iterator[list[str]]],
+    *,
+    vocab_size: int,
+    algorithm: str,
+    model_max_length: int,
+    console: Console,
+) -> PreTrainedTokenizerBase:
+    """Train a tokenizer on the training data with the ``tokenizers`` library."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import trainers as tk_trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = SPECIAL_TOKENS[algorithm]
+    special_list = list(dict.fromkeys(specials.values()))
+    tokenizer: Any
+    if algorithm == "bpe":
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer: Any = tk_trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=special_list,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+    elif algorithm == "wordpiece":
+        tokenizer = Tokenizer(models.WordPiece(unk_token=specials["unk_token"]))
+        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece()
+        trainer = tk_trainers.WordPieceTrainer(
+            vocab_size=vocab_size, special_tokens=special_list, show_progress=False
+        )
+    else:
+        tokenizer = Tokenizer(models.Unigram())
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.decoder = decoders.Metaspace()
+        trainer = tk_trainers.UnigramTrainer(
+            vocab_size=vocab_size,
+            special_tokens=special_list,
+            unk_token=specials["unk_token"],
+            show_progress=False,
+        )
+    tokenizer.train_from_iterator(training_texts(), trainer=trainer)
+    if algorithm == "wordpiece":
+        cls_id = tokenizer.token_to_id(specials["cls_token"])
+        sep_id = tokenizer.token_to_id(specials["sep_token"])
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+        )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, model_max_length=model_max_length, **specials
+    )
+    console.info(
+        f"trained a {algorithm} tokenizer on the training data: {len(fast)} tokens "
+        f"(asked for {vocab_size})"
+    )
+    return fast
+
+
+def build_model(
+    config: TrainConfig,
+    objective: Objective,
+    model_config: PretrainedConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    console: Console,
+) -> PreTrainedModel:
+    auto_class = objective.auto_model_class()
+    if config.model_name_or_path is not None:
+        kwargs = _hub_kwargs(config)
+        if config.dtype is not None:
+            kwargs["dtype"] = _torch_dtype(config.dtype)
+        model = load_pretrained(
+            auto_class.from_pretrained,
+            config.model_name_or_path,
+            "--model-name-or-path",
+            config=model_config,
+            **kwargs,
+        )
+    else:
+        if config.train_tokenizer is not None:
+            _align_special_tokens(model_config, tokenizer)
+        try:
+            model = auto_class.from_config(model_config, trust_remote_code=config.trust_remote_code)
+        except ValueError as exc:
+            raise ConfigError(
+                f"--model-type {model_config.model_type}: cannot build a {objective.name} model "
+                f"from it ({_first_line(exc)})",
+                f"choose an architecture that supports {objective.summary.lower()}",
+            ) from exc
+        params = sum(p.numel() for p in model.parameters())
+        kind = model_config.model_type
+        console.info(f"training a new {kind} model from scratch: {_count(params)} parameters")
+    embeddings = model.get_input_embeddings()
+    if embeddings is not None and len(tokenizer) > embeddings.weight.shape[0]:
+        console.info(
+            f"resizing token embeddings from {embeddings.weight.shape[0]} to {len(tokenizer)} "
+            "to fit the tokenizer"
+        )
+        model.resize_token_embeddings(len(tokenizer))
+    return model
+
+
+def _align_special_tokens(
+    model_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """A freshly trained tokenizer decides the vocabulary size and special token ids."""
+    model_config.vocab_size = len(tokenizer)
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        token_id = getattr(tokenizer, name, None)
+        if token_id is not None and hasattr(model_config, name):
+            setattr(model_config, name, token_id)
+
+
+def _torch_dtype(name: str) -> Any:
+    if name == "auto":
+        return "auto"
+    import torch
+
+    return getattr(torch, name)
+
+
+def _count(params: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if params >= size:
+            return f"{params / size:.2f}{unit}"
+    return str(params)

@@ -1,0 +1,19 @@
+"""The training objectives, by name. Modules are imported only when a command needs one."""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lmctl.objectives.base import Objective
+
+#: name -> module defining ``OBJECTIVE``. Adding an objective is one module and one line here.
+OBJECTIVES: dict[str, str] = {
+    "clm": "lmctl.objectives.clm",
+}
+
+
+def get_objective(name: str) -> Objective:
+    objective: Objective = import_module(OBJECTIVES[name]).OBJECTIVE
+    return objective

@@ -1,0 +1,90 @@
+"""What an objective is: the pieces that differ between clm, mlm, plm and swag.
+
+An objective module defines a config class (light: pydantic only) and an :class:`Objective`
+(heavy libraries imported inside its methods). The shared pipeline (``lmctl.pipeline``) and
+engines (``lmctl.engine``) call only the methods below, so a new objective is one new file
+plus one line in ``lmctl.objectives.OBJECTIVES``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from datasets import Dataset, DatasetDict
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+    from lmctl.config.base import TrainConfig
+    from lmctl.console import Console
+    from lmctl.metrics import BatchMetrics
+
+
+class Objective(ABC):
+    name: ClassVar[str]
+    #: One-line description shown in ``lmctl train --help``.
+    summary: ClassVar[str]
+    #: Hugging Face pipeline tag written into the model card.
+    task_tag: ClassVar[str]
+    config_class: ClassVar[type[TrainConfig]]
+    #: Algorithm used by ``--train-tokenizer``.
+    tokenizer_algorithm: ClassVar[Literal["bpe", "wordpiece", "unigram"]] = "bpe"
+    #: Whether perplexity = exp(eval_loss) is meaningful for this objective.
+    reports_perplexity: ClassVar[bool] = True
+
+    def embedded_default(self) -> dict[str, Any] | None:
+        """Values that make ``lmctl train <name>`` run with no model and no data, if any."""
+        return None
+
+    def training_texts(
+        self, config: TrainConfig, train: Dataset, where: str
+    ) -> Iterator[list[str]]:
+        """Texts that ``--train-tokenizer`` learns from."""
+        from lmctl.data import iterate_texts, text_column
+
+        return iterate_texts(train, text_column(train, config.text_column, where))
+
+    def text_options(self, config: TrainConfig) -> dict[str, Any]:
+        """Options for reading .txt files (the ``datasets`` text builder)."""
+        return {}
+
+    @abstractmethod
+    def auto_model_class(self) -> Any:
+        """The transformers Auto class that builds or loads the model."""
+
+    def check_model(
+        self,
+        config: TrainConfig,
+        model_config: PretrainedConfig,
+        tokenizer: PreTrainedTokenizerBase,
+    ) -> None:
+        """Reject a model or tokenizer this objective cannot train, before any data work."""
+        return
+
+    @abstractmethod
+    def preprocess(
+        self,
+        config: TrainConfig,
+        raw: DatasetDict,
+        tokenizer: PreTrainedTokenizerBase,
+        model_config: PretrainedConfig,
+        console: Console,
+    ) -> DatasetDict:
+        """Turn raw records into model inputs (tokenize, group, label)."""
+
+    @abstractmethod
+    def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
+        """Batch builder used for training and evaluation."""
+
+    def eval_collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
+        """Batch builder for evaluation; objectives with random masking make it deterministic."""
+        return self.collator(config, tokenizer)
+
+    @abstractmethod
+    def metrics(self) -> BatchMetrics:
+        """Per-batch metric accumulator; evaluation never holds all logits."""
+
+    def model_card_tags(self) -> list[str]:
+        return [self.task_tag]

@@ -1,0 +1,94 @@
+"""Causal language modelling (``run_clm.py``): GPT-2, Llama and other decoder models.
+
+Texts are tokenized, concatenated and cut into ``block_size`` blocks (the remainder is
+dropped); labels are the inputs, shifted inside the model. Accuracy is next-token accuracy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from lmctl.config.base import TrainConfig
+from lmctl.config.fields import PANEL_OBJECTIVE, option
+from lmctl.objectives.base import Objective
+from lmctl.objectives.common import (
+    BlockCollator,
+    resolve_sequence_length,
+    tokenize_and_group,
+)
+from lmctl.resources import EMBEDDED_CORPUS
+
+if TYPE_CHECKING:
+    from lmctl.metrics import BatchMetrics
+
+
+class ClmConfig(TrainConfig):
+    objective: ClassVar[str] = "clm"
+
+    block_size: int | None = option(
+        None,
+        "Tokens per training block (default: the tokenizer's maximum, capped at 1024 and at "
+        "the model's positions).",
+        panel=PANEL_OBJECTIVE,
+        gt=0,
+    )
+    keep_linebreaks: bool = option(
+        True, "Keep line breaks when reading .txt files.", panel=PANEL_OBJECTIVE
+    )
+
+
+def _next_token(logits: Any, labels: Any) -> tuple[Any, Any]:
+    predictions = logits.argmax(dim=-1)[:, :-1]
+    references = labels[:, 1:]
+    scored = references != -100
+    return predictions[scored], references[scored]
+
+
+class Clm(Objective):
+    name = "clm"
+    summary = "Causal language modelling (GPT-2, Llama, ...)"
+    task_tag = "text-generation"
+    config_class = ClmConfig
+    tokenizer_algorithm = "bpe"
+
+    def embedded_default(self) -> dict[str, Any]:
+        return {
+            "train_file": str(EMBEDDED_CORPUS),
+            "model_type": "gpt2",
+            "config_overrides": "n_layer=2,n_head=4,n_embd=128,n_positions=128",
+            "train_tokenizer": 2000,
+            "block_size": 128,
+            "per_device_train_batch_size": 16,
+            "learning_rate": 2e-3,
+            "warmup_steps": 20,
+            "num_train_epochs": 2,
+            "validation_split_percentage": 5,
+        }
+
+    def auto_model_class(self) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM
+
+    def text_options(self, config: TrainConfig) -> dict[str, Any]:
+        assert isinstance(config, ClmConfig)
+        return {"keep_linebreaks": config.keep_linebreaks}
+
+    def preprocess(self, config, raw, tokenizer, model_config, console):  # type: ignore[no-untyped-def]
+        assert isinstance(config, ClmConfig)
+        block_size = resolve_sequence_length(
+            config.block_size, "--block-size", tokenizer, model_config, console
+        )
+        console.info(f"block size: {block_size} tokens")
+        return tokenize_and_group(config, raw, tokenizer, block_size, console)
+
+    def collator(self, config: TrainConfig, tokenizer: Any) -> Any:
+        return BlockCollator()
+
+    def metrics(self) -> BatchMetrics:
+        from lmctl.metrics import BatchMetrics
+
+        return BatchMetrics(_next_token)
+
+
+OBJECTIVE = Clm()

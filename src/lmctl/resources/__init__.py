@@ -1,0 +1,6 @@
+"""Files shipped inside the package."""
+
+from pathlib import Path
+
+#: Public-domain Shakespeare (see corpus/NOTICE.txt) for the embedded default run.
+EMBEDDED_CORPUS = Path(__file__).parent / "corpus" / "shakespeare.txt"

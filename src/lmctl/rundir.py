@@ -1,0 +1,295 @@
+"""The run directory contract, shared by every engine and read back by eval and resume.
+
+lmctl.yaml            resolved config (no secrets); `--config` accepts it as is
+metrics.jsonl         one JSON object per logged step or evaluation
+train_results.json    upstream-compatible result files
+eval_results.json
+all_results.json
+trainer_state.json    written by the engine
+checkpoint-<step>/    checkpoints (the newest complete one is used to resume)
+README.md             model card
+config.json, model.safetensors, tokenizer files: the final model (save_pretrained)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmctl import __version__
+from lmctl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lmctl.config.base import TrainConfig
+    from lmctl.objectives.base import Objective
+
+CONFIG_FILE = "lmctl.yaml"
+METRICS_LOG = "metrics.jsonl"
+STATE_FILE = "trainer_state.json"
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+
+
+def check_output_dir(config: TrainConfig) -> None:
+    """Refuse to write into a non-empty directory unless asked to (before any heavy work)."""
+    assert config.output_dir is not None
+    path = Path(config.output_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(
+            f"--output-dir {path}: exists and is not a directory", "choose another --output-dir"
+        )
+    if not path.exists() or not any(path.iterdir()):
+        return
+    if config.resume_from_checkpoint is not None:
+        return
+    if config.overwrite_output_dir:
+        return
+    raise ConfigError(
+        f"--output-dir {path} is not empty",
+        f"choose a new --output-dir, continue it with 'lmctl resume {path}', "
+        "or pass --overwrite-output-dir",
+    )
+
+
+def prepare_output_dir(config: TrainConfig) -> Path:
+    """Create the run directory; with --overwrite-output-dir, clear a previous lmctl run."""
+    assert config.output_dir is not None
+    path = Path(config.output_dir)
+    if (
+        config.overwrite_output_dir
+        and config.resume_from_checkpoint is None
+        and (path / CONFIG_FILE).is_file()
+    ):
+        for child in path.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_config(path: Path, config: TrainConfig) -> None:
+    import yaml
+
+    from lmctl.config.loader import dump_config
+
+    data = {"objective": config.objective, **dump_config(config)}
+    header = (
+        f"# lmctl {__version__} resolved config; rerun it with:\n"
+        f"#   lmctl train {config.objective} --config {CONFIG_FILE}\n"
+    )
+    _atomic_write(path / CONFIG_FILE, header + yaml.safe_dump(data, sort_keys=False))
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    from lmctl.config.loader import read_config_file
+
+    return read_config_file(str(path / CONFIG_FILE))
+
+
+def append_metrics(path: Path, record: dict[str, Any]) -> None:
+    line = json.dumps({"time": round(time.time(), 3), **record}, default=_json_default)
+    with open(path / METRICS_LOG, "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+
+
+def save_results(path: Path, split: str, metrics: dict[str, Any]) -> None:
+    """``<split>_results.json`` and the merged ``all_results.json``, as the Trainer writes them."""
+    clean = {key: _json_value(value) for key, value in metrics.items()}
+    _write_json(path / f"{split}_results.json", clean)
+    all_path = path / "all_results.json"
+    merged = json.loads(all_path.read_text()) if all_path.is_file() else {}
+    merged.update(clean)
+    _write_json(all_path, merged)
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    all_path = path / "all_results.json"
+    return json.loads(all_path.read_text()) if all_path.is_file() else {}
+
+
+def checkpoints(path: Path) -> list[Path]:
+    """Checkpoint directories, oldest first."""
+    if not path.is_dir():
+        return []
+    found = [
+        (int(match.group(1)), child)
+        for child in path.iterdir()
+        if child.is_dir() and (match := CHECKPOINT_PATTERN.match(child.name))
+    ]
+    return [child for _, child in sorted(found)]
+
+
+def is_complete_checkpoint(path: Path) -> bool:
+    """A checkpoint is complete once its trainer state, written last, parses."""
+    state = path / STATE_FILE
+    try:
+        json.loads(state.read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def latest_checkpoint(path: Path) -> Path | None:
+    for candidate in reversed(checkpoints(path)):
+        if is_complete_checkpoint(candidate):
+            return candidate
+    return None
+
+
+def command_line() -> str:
+    args = ["lmctl", *sys.argv[1:]]
+    return " ".join(_shell_quote(arg) for arg in _redact(args))
+
+
+def _redact(args: list[str]) -> list[str]:
+    out: list[str] = []
+    hide_next = False
+    for arg in args:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+        elif arg in ("--token", "--hub-token"):
+            out.append(arg)
+            hide_next = True
+        elif arg.startswith(("--token=", "--hub-token=")):
+            out.append(arg.split("=", 1)[0] + "=***")
+        else:
+            out.append(arg)
+    return out
+
+
+def _shell_quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+def write_model_card(
+    path: Path,
+    *,
+    config: TrainConfig,
+    objective: Objective,
+    results: dict[str, Any],
+    engine: str,
+    resumed: bool = False,
+) -> None:
+    import yaml
+
+    base_model = config.model_name_or_path
+    datasets = [config.dataset_name] if config.dataset_name else []
+    metadata: dict[str, Any] = {
+        "library_name": "transformers",
+        "pipeline_tag": objective.task_tag,
+        "tags": ["lmctl", *objective.model_card_tags()],
+    }
+    if base_model:
+        metadata["base_model"] = base_model
+    if datasets:
+        metadata["datasets"] = datasets
+    lines = ["---", yaml.safe_dump(metadata, sort_keys=False).strip(), "---", ""]
+    title = path.name or "model"
+    lines.append(f"# {title}")
+    lines.append("")
+    origin = (
+        f"fine-tuned from `{base_model}`"
+        if base_model
+        else (
+            f"trained from scratch (`{config.model_type or config.config_name}`"
+            + (f", overrides `{config.config_overrides}`" if config.config_overrides else "")
+            + ")"
+        )
+    )
+    data = config.dataset_name or ", ".join(
+        f"`{Path(p).name}`" for p in (config.train_file, config.validation_file) if p
+    )
+    lines.append(
+        f"A {objective.summary.lower()} model {origin} on {data or 'the given data'} "
+        f"with [lmctl](https://pypi.org/project/lmctl/) {__version__} (`{engine}` engine)."
+    )
+    if resumed:
+        lines.append("")
+        lines.append("Training was interrupted and resumed from a checkpoint with `lmctl resume`.")
+    if results:
+        lines += ["", "## Results", "", "| metric | value |", "| --- | --- |"]
+        for key, value in results.items():
+            lines.append(f"| {key} | {_card_value(value)} |")
+    lines += [
+        "",
+        "## Training",
+        "",
+        "```",
+        command_line(),
+        "```",
+        "",
+        f"The full resolved configuration is in `{CONFIG_FILE}`; per-step metrics are in "
+        f"`{METRICS_LOG}`.",
+        "",
+        "| hyperparameter | value |",
+        "| --- | --- |",
+    ]
+    for key in (
+        "learning_rate",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "num_train_epochs",
+        "max_steps",
+        "lr_scheduler_type",
+        "warmup_steps",
+        "weight_decay",
+        "seed",
+    ):
+        lines.append(f"| {key} | {getattr(config, key)} |")
+    lines += ["", "## Framework versions", ""]
+    lines += [f"- {name} {version}" for name, version in framework_versions().items()]
+    _atomic_write(path / "README.md", "\n".join(lines) + "\n")
+
+
+def framework_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"lmctl": __version__}
+    for name in ("transformers", "torch", "datasets", "accelerate", "tokenizers"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+def _card_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def _json_value(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    _atomic_write(path, json.dumps(data, indent=4, sort_keys=True) + "\n")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
