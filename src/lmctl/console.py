@@ -98,6 +98,20 @@ class Console:
         if hint:
             self.rich.print(f"[dim]hint:[/dim] {_escape(hint)}")
 
+    def capture_warnings(self) -> None:
+        """Show Python warnings from libraries as lmctl warnings, each message once."""
+        import warnings
+
+        seen: set[str] = set()
+
+        def show(message: Any, category: Any, filename: str, lineno: int, *args: Any) -> None:
+            text = f"{category.__name__}: {message}"
+            if text not in seen:
+                seen.add(text)
+                self.warn(text)
+
+        warnings.showwarning = show  # type: ignore[assignment]
+
     # Progress -----------------------------------------------------------------------------
     def start_progress(self, total_steps: int, description: str = "training") -> None:
         self._start = time.monotonic()

@@ -20,6 +20,8 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +115,45 @@ def save_results(path: Path, split: str, metrics: dict[str, Any]) -> None:
 def load_results(path: Path) -> dict[str, Any]:
     all_path = path / "all_results.json"
     return json.loads(all_path.read_text()) if all_path.is_file() else {}
+
+
+@contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Write a directory under a temporary name in the same folder, then rename it into place.
+
+    Readers (resume, eval, another process) see either no directory or a complete one; a crash
+    midway leaves only a hidden ``.tmp-*`` folder that :func:`checkpoints` ignores.
+    """
+    staging = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+        _fsync_tree(staging)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _fsync_tree(root: Path) -> None:
+    for file in root.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(root)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def checkpoints(path: Path) -> list[Path]:

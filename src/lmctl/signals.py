@@ -32,9 +32,9 @@ def graceful_stop() -> Iterator[StopRequest]:
     """Within this block SIGINT/SIGTERM set ``StopRequest.requested`` instead of killing."""
     request = StopRequest()
     previous: dict[int, Any] = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            previous[signum] = signal.signal(signum, request._handle)
+            previous[int(sig)] = signal.signal(sig, request._handle)
         except ValueError:  # not the main thread: leave signals alone
             continue
     try:

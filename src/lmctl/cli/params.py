@@ -68,7 +68,7 @@ def config_parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
             rich_help_panel=extra.get("panel"),
             show_default=_shown_default(info.default),
         )
-        annotation = Annotated[typing.Optional[cli_type], option]  # noqa: UP045 - typer needs Optional
+        annotation = Annotated[typing.Optional[cli_type], option]  # type: ignore[valid-type] # noqa: UP045
         params.append(
             inspect.Parameter(
                 name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation

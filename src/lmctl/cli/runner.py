@@ -24,6 +24,7 @@ def run_command(
 ) -> None:
     """Run ``body``; print its result; map every failure to its exit code without a traceback."""
     console = Console(output)
+    console.capture_warnings()
     sigterm_as_interrupt()
     code = ExitCode.OK
     payload: dict[str, Any] | None = None

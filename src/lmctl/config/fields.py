@@ -35,7 +35,7 @@ def option(
     (``model_name_or_path`` -> ``--model-name-or-path``). ``secret`` fields are never written
     to disk or printed. ``cli=False`` keeps a field out of the command line (config file only).
     """
-    extra = {"panel": panel, "flags": list(flags), "secret": secret, "cli": cli}
+    extra: dict[str, Any] = {"panel": panel, "flags": list(flags), "secret": secret, "cli": cli}
     return Field(default, description=help, json_schema_extra=extra, **constraints)
 
 

@@ -49,6 +49,7 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         "batch_eval_metrics": True,
         "include_num_input_tokens_seen": True,
         "log_level": "error",
+        "dataloader_pin_memory": _has_accelerator(),
     }
     values.update(config.training_args)
     try:
@@ -62,11 +63,17 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         raise ConfigError(f"invalid training settings: {exc}", "adjust the flags named") from exc
 
 
+def _has_accelerator() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def _make_trainer_class() -> type:
     import torch
     from transformers import Trainer
 
-    class LmctlTrainer(Trainer):  # type: ignore[misc]
+    class LmctlTrainer(Trainer):
         """Stops on a non-finite loss and evaluates with the objective's eval collator."""
 
         eval_collator: Any = None
@@ -92,7 +99,7 @@ def _make_trainer_class() -> type:
 def _callback_class() -> type:
     from transformers import TrainerCallback
 
-    class ReportingCallback(TrainerCallback):  # type: ignore[misc]
+    class ReportingCallback(TrainerCallback):
         def __init__(self, reporter: StepReporter) -> None:
             self.reporter = reporter
 

@@ -19,6 +19,10 @@ from lmctl.objectives.common import (
 from lmctl.resources import EMBEDDED_CORPUS
 
 if TYPE_CHECKING:
+    from datasets import DatasetDict
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+    from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
 
 
@@ -74,7 +78,14 @@ class Clm(Objective):
         assert isinstance(config, ClmConfig)
         return {"keep_linebreaks": config.keep_linebreaks}
 
-    def preprocess(self, config, raw, tokenizer, model_config, console):  # type: ignore[no-untyped-def]
+    def preprocess(
+        self,
+        config: TrainConfig,
+        raw: DatasetDict,
+        tokenizer: PreTrainedTokenizerBase,
+        model_config: PretrainedConfig,
+        console: Console,
+    ) -> DatasetDict:
         assert isinstance(config, ClmConfig)
         block_size = resolve_sequence_length(
             config.block_size, "--block-size", tokenizer, model_config, console
