@@ -263,8 +263,7 @@ def build_model(
             **kwargs,
         )
     else:
-        if config.train_tokenizer is not None:
-            _align_special_tokens(model_config, tokenizer)
+        _fit_vocabulary(config, model_config, tokenizer)
         try:
             model = auto_class.from_config(model_config, trust_remote_code=config.trust_remote_code)
         except ValueError as exc:
@@ -286,11 +285,16 @@ def build_model(
     return model
 
 
-def _align_special_tokens(
-    model_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase
+def _fit_vocabulary(
+    config: TrainConfig, model_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase
 ) -> None:
-    """A freshly trained tokenizer decides the vocabulary size and special token ids."""
-    model_config.vocab_size = len(tokenizer)
+    """A model built from scratch takes its vocabulary size and special token ids from the
+    tokenizer (unless --config-overrides sets vocab_size), so no embedding row goes unused."""
+    overridden = {
+        item.split("=", 1)[0].strip() for item in (config.config_overrides or "").split(",")
+    }
+    if "vocab_size" not in overridden:
+        model_config.vocab_size = len(tokenizer)
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         token_id = getattr(tokenizer, name, None)
         if token_id is not None and hasattr(model_config, name):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import typer
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel
 
 from lmctl.config.fields import field_extra, flag_name
 
@@ -28,15 +28,32 @@ def _unwrap_optional(annotation: Any) -> Any:
     return annotation
 
 
-def _cli_type(annotation: Any) -> Any:
+def _cli_type(annotation: Any) -> tuple[Any, str | None, list[str]]:
+    """The type Typer parses, its metavar, and completion choices.
+
+    Scalars are taken as text and converted by pydantic, so that every bad value gets the
+    same one-line error naming the flag; only flags and repeatable options keep their type.
+    """
     inner = _unwrap_optional(annotation)
-    if inner is SecretStr:
-        return str
-    if get_origin(inner) is Literal:
-        return inner
+    if inner is bool:
+        return bool, None, []
     if get_origin(inner) is list:
-        return list[get_args(inner)[0]]  # type: ignore[misc]
-    return inner
+        return list[str], "TEXT", []
+    if get_origin(inner) is Literal:
+        choices = [str(choice) for choice in get_args(inner)]
+        return str, "[" + "|".join(choices) + "]", choices
+    names = {int: "INT", float: "FLOAT"}
+    return str, names.get(inner, "TEXT"), []
+
+
+def _completer(choices: list[str]) -> Callable[[str], list[str]] | None:
+    if not choices:
+        return None
+
+    def complete(incomplete: str) -> list[str]:
+        return [choice for choice in choices if choice.startswith(incomplete)]
+
+    return complete
 
 
 def _shown_default(value: Any) -> str | bool:
@@ -54,7 +71,7 @@ def config_parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
         extra = field_extra(info)
         if not extra.get("cli", True):
             continue
-        cli_type = _cli_type(info.annotation)
+        cli_type, metavar, choices = _cli_type(info.annotation)
         declared = list(extra.get("flags", []))
         if cli_type is bool:
             toggles = [decl for decl in declared if "/" in decl]
@@ -67,6 +84,8 @@ def config_parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
             help=info.description,
             rich_help_panel=extra.get("panel"),
             show_default=_shown_default(info.default),
+            metavar=metavar,
+            autocompletion=_completer(choices),
         )
         annotation = Annotated[typing.Optional[cli_type], option]  # type: ignore[valid-type] # noqa: UP045
         params.append(

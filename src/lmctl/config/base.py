@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, SecretStr, field_validator, model_validator
 
 from lmctl.config.fields import (
     PANEL_DATA,
@@ -282,6 +282,16 @@ class TrainConfig(StrictModel):
                 if data.get(key) in (-1, "-1"):
                     data = {**data, key: None}
         return data
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to_list(cls, value: Any) -> Any:
+        """Upstream accepts "none", "all", "tensorboard" or "wandb,tensorboard"."""
+        if isinstance(value, str):
+            value = [item.strip() for item in value.split(",") if item.strip()]
+        if isinstance(value, list):
+            value = [item for item in value if item != "none"]
+        return value
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> TrainConfig:

@@ -1,0 +1,169 @@
+"""Every bad input gets its documented exit code and one clear line, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_GPT2, lmctl
+
+
+def _assert_clean_failure(proc, code: int, *needles: str) -> None:  # type: ignore[no-untyped-def]
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == code, output
+    assert "Traceback" not in output, output
+    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, proc.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    assert "hint:" in errors[0]
+
+
+@pytest.fixture
+def files(tmp_path: Path, text_files: tuple[Path, Path]) -> dict[str, Path]:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    numbers = tmp_path / "numbers.csv"
+    numbers.write_text("id,score\n1,0.5\n2,0.7\n3,0.1\n")
+    docx = tmp_path / "notes.docx"
+    docx.write_bytes(b"PK\x03\x04")
+    bad_jsonl = tmp_path / "bad.jsonl"
+    bad_jsonl.write_text('{"text": "one"}\n{"text": "two"\n{"text": "three"}\n')
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "keep.txt").write_text("precious")
+    return {
+        "train": text_files[0],
+        "valid": text_files[1],
+        "empty": empty,
+        "numbers": numbers,
+        "docx": docx,
+        "bad_jsonl": bad_jsonl,
+        "busy": busy,
+    }
+
+
+def _scratch(files: dict[str, Path], tokenizer: Path, **over: str) -> list[str]:
+    args = {
+        "--train-file": str(files["train"]),
+        "--validation-file": str(files["valid"]),
+        "--tokenizer-name": str(tokenizer),
+        "--max-steps": "2",
+    }
+    args.update(over)
+    out = list(TINY_GPT2)
+    for key, value in args.items():
+        if value:
+            out += [key, value]
+    return out
+
+
+CASES = {
+    "missing train file": (
+        dict(**{"--train-file": "nope.txt", "--validation-file": ""}),
+        2,
+        ("--train-file nope.txt", "no such file"),
+    ),
+    "empty train file": ({"--train-file": "{empty}", "--validation-file": ""}, 3, ("empty",)),
+    "csv without a text column": (
+        {"--train-file": "{numbers}", "--validation-file": ""},
+        3,
+        ("numbers.csv", "'id'", "not text"),
+    ),
+    "docx train file": (
+        {"--train-file": "{docx}", "--validation-file": ""},
+        2,
+        ("notes.docx", "unsupported file type"),
+    ),
+    "malformed jsonl": (
+        {"--train-file": "{bad_jsonl}", "--validation-file": ""},
+        3,
+        ("bad.jsonl, line 2", "invalid JSON"),
+    ),
+    "negative learning rate": ({"--learning-rate": "-1"}, 2, ("--learning-rate",)),
+    "unknown scheduler": ({"--lr-scheduler-type": "fancy"}, 2, ("--lr-scheduler-type", "fancy")),
+    "from scratch without tokenizer": ({"--tokenizer-name": ""}, 2, ("needs a tokenizer",)),
+    "non-empty output dir": ({"--output-dir": "{busy}"}, 2, ("busy is not empty",)),
+    "unknown model type": ({"--model-type": "gpt3"}, 2, ("--model-type gpt3",)),
+    "unknown config override": ({"--config-overrides": "n_lyer=2"}, 2, ("--config-overrides",)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input(case: str, files: dict[str, Path], bpe_tokenizer: Path, tmp_path: Path) -> None:
+    over, code, needles = CASES[case]
+    over = {k: v.format(**{n: str(p) for n, p in files.items()}) for k, v in over.items()}
+    if "--output-dir" not in over:
+        over["--output-dir"] = str(tmp_path / "out")
+    proc = lmctl("train", "clm", *_scratch(files, bpe_tokenizer, **over), cwd=tmp_path)
+    _assert_clean_failure(proc, code, *needles)
+    if case == "non-empty output dir":
+        assert (files["busy"] / "keep.txt").read_text() == "precious"
+
+
+def test_overrides_with_pretrained_model(tmp_path: Path, files: dict[str, Path]) -> None:
+    proc = lmctl(
+        "train",
+        "clm",
+        "--model",
+        str(tmp_path),
+        "--config-overrides",
+        "n_layer=2",
+        "--train-file",
+        str(files["train"]),
+        cwd=tmp_path,
+    )
+    _assert_clean_failure(proc, 2, "--config-overrides can't be used with --model-name-or-path")
+
+
+def test_hub_model_offline_fails_fast(tmp_path: Path, files: dict[str, Path]) -> None:
+    proc = lmctl(
+        "train",
+        "clm",
+        "--model",
+        "gpt2",
+        "--train-file",
+        str(files["train"]),
+        "--output-dir",
+        str(tmp_path / "out"),
+        cwd=tmp_path,
+        env={"HF_ENDPOINT": "http://127.0.0.1:9"},
+        timeout=120,
+    )
+    _assert_clean_failure(proc, 6, "--model-name-or-path gpt2", "unreachable")
+
+
+def test_misspelled_yaml_key_exits_2(tmp_path: Path, files: dict[str, Path]) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model_type: gpt2\ntrain_file: {files['train']}\nnum_train_epoch: 2\n")
+    proc = lmctl("train", "clm", "--config", config, cwd=tmp_path)
+    _assert_clean_failure(proc, 2, "'num_train_epoch'", "did you mean 'num_train_epochs'")
+
+
+def test_unknown_flag_is_usage_error(tmp_path: Path) -> None:
+    proc = lmctl("train", "clm", "--lerning-rate", "1", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "--lerning-rate" in proc.stderr
+
+
+def test_json_error_object(tmp_path: Path) -> None:
+    import json
+
+    proc = lmctl(
+        "train",
+        "clm",
+        "--model-type",
+        "gpt2",
+        "--train-file",
+        "missing.txt",
+        "--train-tokenizer",
+        "50",
+        "--json",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    payload = json.loads(proc.stdout)
+    assert payload["status"] == "error" and payload["exit_code"] == 2
+    assert "missing.txt" in payload["error"]
