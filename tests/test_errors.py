@@ -167,3 +167,23 @@ def test_json_error_object(tmp_path: Path) -> None:
     payload = json.loads(proc.stdout)
     assert payload["status"] == "error" and payload["exit_code"] == 2
     assert "missing.txt" in payload["error"]
+
+
+def test_hub_dataset_offline_fails_fast(tmp_path: Path, bpe_tokenizer: Path) -> None:
+    proc = lmctl(
+        "train",
+        "clm",
+        *TINY_GPT2,
+        "--tokenizer-name",
+        bpe_tokenizer,
+        "--dataset-name",
+        "wikitext",
+        "--dataset-config-name",
+        "wikitext-2-raw-v1",
+        "--output-dir",
+        tmp_path / "out",
+        cwd=tmp_path,
+        env={"HF_ENDPOINT": "http://127.0.0.1:9"},
+        timeout=120,
+    )
+    _assert_clean_failure(proc, 6, "--dataset-name wikitext", "unreachable")

@@ -63,9 +63,9 @@ class Clm(Objective):
             "train_tokenizer": 2000,
             "block_size": 128,
             "per_device_train_batch_size": 16,
-            "learning_rate": 2e-3,
+            "learning_rate": 3e-3,
             "warmup_steps": 20,
-            "num_train_epochs": 2,
+            "num_train_epochs": 4,
             "validation_split_percentage": 5,
         }
 
