@@ -6,11 +6,13 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import typer
 
 from lmctl.console import Console, OutputOptions
+from lmctl.distributed import is_main_process
 from lmctl.errors import ExitCode, LmctlError
 from lmctl.signals import sigterm_as_interrupt
 
@@ -23,6 +25,8 @@ def run_command(
     body: Callable[[Console], dict[str, Any] | None], output: OutputOptions, command: str
 ) -> None:
     """Run ``body``; print its result; map every failure to its exit code without a traceback."""
+    if not is_main_process():
+        output = replace(output, quiet=True, json=False)
     console = Console(output)
     console.capture_warnings()
     sigterm_as_interrupt()

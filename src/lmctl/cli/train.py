@@ -12,6 +12,7 @@ from lmctl.cli.options import ConfigOpt, DryRunOpt, JsonOpt, NoProgressOpt, Quie
 from lmctl.cli.params import config_parameters, given, with_signature
 from lmctl.cli.runner import run_command
 from lmctl.console import Console, OutputOptions
+from lmctl.distributed import is_main_process
 from lmctl.objectives import OBJECTIVES, get_objective
 
 # Keys whose absence (on the command line and in the config file) selects an objective's
@@ -120,7 +121,8 @@ def run_train(
 
             sys.stdout.write(yaml.safe_dump(resolved, sort_keys=False))
         return {"dry_run": True, "config": resolved}
-    check_output_dir(config)
+    if is_main_process():
+        check_output_dir(config)
     from lmctl.engine import train
 
     result = train(config, objective, console)

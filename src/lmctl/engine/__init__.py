@@ -8,9 +8,11 @@
 from __future__ import annotations
 
 from importlib import import_module
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import rundir
+from lmctl.distributed import is_main_process
 from lmctl.engine.common import NonFiniteLoss
 from lmctl.errors import Interrupted, TrainingFailed
 from lmctl.metrics import perplexity
@@ -29,8 +31,10 @@ ENGINES: dict[str, str] = {
 def train(config: TrainConfig, objective: Objective, console: Console) -> dict[str, Any]:
     from lmctl.pipeline import prepare
 
-    run_dir = rundir.prepare_output_dir(config)
-    rundir.write_config(run_dir, config)
+    main = is_main_process()
+    run_dir = rundir.prepare_output_dir(config) if main else Path(str(config.output_dir))
+    if main:
+        rundir.write_config(run_dir, config)
     console.info(f"run directory: {run_dir}")
     prepared = prepare(config, objective, run_dir, console)
     engine = import_module(ENGINES[config.engine])
@@ -57,6 +61,8 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
             f"interrupted by {stop.signal_name}; {where} in {run_dir}",
             f"continue with: lmctl resume {run_dir}",
         )
+    if not main:
+        return {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": {}}
     if result.train_metrics:
         rundir.save_results(run_dir, "train", result.train_metrics)
     if result.eval_metrics:
