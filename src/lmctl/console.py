@@ -150,8 +150,8 @@ class Console:
 
     # Results ------------------------------------------------------------------------------
     def summary(self, title: str, metrics: dict[str, Any]) -> None:
-        """The end-of-run table on stdout (nothing when --json or --quiet)."""
-        if self.options.json or self.options.quiet:
+        """The end-of-run table on stdout (with --json the JSON object replaces it)."""
+        if self.options.json:
             return
         if self.plain:
             width = max((len(key) for key in metrics), default=0)
