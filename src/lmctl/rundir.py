@@ -185,6 +185,15 @@ def latest_checkpoint(path: Path) -> Path | None:
     return None
 
 
+def prune_checkpoints(path: Path, keep: int) -> list[Path]:
+    """Delete the oldest checkpoints so that at most ``keep`` (>= 1) remain; the newest stays."""
+    found = checkpoints(path)
+    removed = found[: max(len(found) - max(keep, 1), 0)]
+    for old in removed:
+        shutil.rmtree(old, ignore_errors=True)
+    return removed
+
+
 def command_line() -> str:
     args = ["lmctl", *sys.argv[1:]]
     return " ".join(_shell_quote(arg) for arg in _redact(args))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl.engine.common import EngineResult, NonFiniteLoss, StepReporter
+from lmctl.engine.common import EngineResult, NonFiniteLoss, StepReporter, resolve_resume
 from lmctl.errors import ConfigError
 from lmctl.signals import StopRequest
 
@@ -166,18 +166,3 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
             prepared.tokenizer.save_pretrained(prepared.run_dir)
     result.global_step = trainer.state.global_step
     return result
-
-
-def resolve_resume(config: TrainConfig, run_dir: Path, console: Console) -> str | None:
-    from lmctl import rundir
-
-    if config.resume_from_checkpoint is None:
-        return None
-    if config.resume_from_checkpoint != "auto":
-        return config.resume_from_checkpoint
-    latest = rundir.latest_checkpoint(run_dir)
-    if latest is None:
-        console.info(f"no checkpoint in {run_dir} yet: starting from step 0")
-        return None
-    console.info(f"resuming from {latest}")
-    return str(latest)
