@@ -178,6 +178,36 @@ def test_same_run_directory_and_keys_as_the_trainer_engine(
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("objective", sorted(set(OBJECTIVE_RUNS) - {"clm"}))  # clm: crash test
+def test_resume_is_exact_with_random_collators(
+    objective: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Masking and permutation collators draw the same masks after a resume."""
+    if objective not in OBJECTIVES:
+        pytest.skip(f"objective {objective} is not part of this build")
+    model_flags, tokenizer_fixture, data_fixture, extra = OBJECTIVE_RUNS[objective]
+    tokenizer = request.getfixturevalue(tokenizer_fixture)
+    train, valid = request.getfixturevalue(data_fixture)
+
+    def train_run(out: Path, *more: str) -> None:
+        proc = lmctl(
+            "train", objective, *getattr(conftest, model_flags), "--tokenizer-name", tokenizer,
+            "--train-file", train, "--validation-file", valid, *extra, "--max-steps", "16",
+            "--checkpointing-steps", "6", "--logging-steps", "4", "--learning-rate", "2e-3",
+            "--engine", "accelerate", "--output-dir", out, *more, cwd=tmp_path,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+
+    full = tmp_path / "full"
+    train_run(full)
+    crashed = tmp_path / "crashed"  # what a run that died after step 6 leaves behind
+    shutil.copytree(full / "checkpoint-6", crashed / "checkpoint-6")
+    train_run(crashed, "--resume-from-checkpoint", "auto")
+    assert last_training_loss(crashed) == pytest.approx(last_training_loss(full), abs=1e-4)
+    assert results(crashed)["eval_loss"] == pytest.approx(results(full)["eval_loss"], abs=1e-4)
+
+
+@pytest.mark.e2e
 def test_engines_agree_on_the_final_eval_loss(
     uninterrupted: Path, bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -197,6 +227,14 @@ def test_engines_agree_on_the_final_eval_loss(
     assert sorted(path.name for path in uninterrupted.glob("checkpoint-*")) == sorted(
         path.name for path in out.glob("checkpoint-*")
     )
+
+    # A checkpoint of the other engine is refused with a clear message.
+    args = clm_args(bpe_tokenizer, text_files, tmp_path / "mixed", steps=70)
+    args += ["--engine", "accelerate", "--resume-from-checkpoint", str(out / "checkpoint-60")]
+    mixed = lmctl(*args, cwd=tmp_path)
+    assert mixed.returncode == 2, mixed.stderr
+    assert "not a checkpoint of the accelerate engine" in mixed.stderr
+    assert "Traceback" not in mixed.stderr
 
 
 @pytest.mark.e2e
@@ -304,6 +342,51 @@ def test_missing_tracker_package_is_a_config_error(
     proc = lmctl(*args, "--engine", "accelerate", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "--report-to mlflow: its package is not installed" in proc.stderr
+
+
+@pytest.mark.e2e
+def test_data_without_a_length_trains_and_resumes_exactly(
+    bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Streaming data (an iterable dataset): epochs end when the data does, and the data
+    position in a checkpoint is an epoch and a batch count."""
+    from lmctl.console import Console, OutputOptions
+    from lmctl.engine import accelerate
+    from lmctl.pipeline import prepare
+    from lmctl.signals import graceful_stop
+
+    objective = get_objective("clm")
+    train, valid = text_files
+
+    def run(out: Path, **more: Any) -> dict[str, Any]:
+        config = build_config(
+            ClmConfig,
+            cli_values={
+                "model_type": "gpt2", "config_overrides": "n_layer=2,n_embd=32,n_head=2",
+                "tokenizer_name": str(bpe_tokenizer), "train_file": str(train),
+                "validation_file": str(valid), "block_size": 64, "max_steps": 20,
+                "save_steps": 15, "logging_steps": 1, "learning_rate": 2e-3,
+                "do_eval": False, "engine": "accelerate", "output_dir": str(out), **more,
+            },
+        )  # fmt: skip
+        console = Console(OutputOptions(quiet=True))
+        prepared = prepare(config, objective, rundir.prepare_output_dir(config), console)
+        assert prepared.train_dataset is not None
+        prepared.train_dataset = prepared.train_dataset.select(range(60)).to_iterable_dataset(2)
+        with graceful_stop() as stop:
+            result = accelerate.run(prepared, console, stop)
+        assert result.global_step == 20
+        return result.train_metrics
+
+    full = tmp_path / "full"
+    # 60 samples: epochs of 7 batches of 8 and one of 4.
+    assert run(full)["train_samples"] == 60 + 60 + 4 * 8
+    state = json.loads((full / "checkpoint-15" / rundir.STATE_FILE).read_text())
+    assert state["stateful_callbacks"][accelerate.DATA_POSITION] == {"epoch": 1, "batches_done": 7}
+    crashed = tmp_path / "crashed"
+    shutil.copytree(full / "checkpoint-15", crashed / "checkpoint-15")
+    run(crashed, resume_from_checkpoint="auto")
+    assert last_training_loss(crashed) == pytest.approx(last_training_loss(full), abs=1e-4)
 
 
 @pytest.mark.slow

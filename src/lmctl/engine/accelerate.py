@@ -13,6 +13,7 @@ and logs.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -54,7 +55,8 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Any:
     """An Accelerator for ``config``; a setting it cannot honour becomes a config error.
 
     The sampler is seeded per epoch (``seed + epoch``), so the data order of any epoch can be
-    replayed on resume, and matches the ``trainer`` engine's. Without --bf16/--fp16 the mixed
+    replayed on resume, and matches the ``trainer`` engine's. Streaming data is not dispatched
+    from the main process: every process reads its own shards. Without --bf16/--fp16 the mixed
     precision of ``accelerate launch --mixed_precision`` (or its config) applies. Several
     processes launched on a machine without an accelerator train together on its CPUs
     (Accelerate alone would run each of them as a separate single-process job).
@@ -75,12 +77,15 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Any:
                 project_dir=str(run_dir), logging_dir=str(run_dir / "runs")
             ),
             dataloader_config=DataLoaderConfiguration(
-                use_seedable_sampler=True, data_seed=config.seed
+                use_seedable_sampler=True, data_seed=config.seed, dispatch_batches=False
             ),
             step_scheduler_with_optimizer=False,
         )
     except ValueError as exc:
-        raise ConfigError(f"--bf16/--fp16: {exc}", "drop the flag on this machine") from exc
+        raise ConfigError(
+            f"accelerate can't run this configuration: {exc}",
+            "check --bf16/--fp16 and the settings of accelerate launch or accelerate config",
+        ) from exc
     if precision is not None and not (accelerator.native_amp or precision == "bf16"):
         raise ConfigError(
             f"--{precision}: mixed precision is not available on {accelerator.device.type}",
@@ -95,10 +100,9 @@ def trackers(report_to: list[str]) -> list[str]:
     from accelerate.tracking import get_available_trackers
     from accelerate.utils import LoggerType
 
-    names = [name for name in report_to if name != "none"]
     known = set(LoggerType.list())
     available = {tracker.value for tracker in get_available_trackers()}
-    for name in names:
+    for name in report_to:
         if name not in known:
             raise ConfigError(
                 f"--report-to {name}: not a tracker the accelerate engine knows",
@@ -109,7 +113,7 @@ def trackers(report_to: list[str]) -> list[str]:
                 f"--report-to {name}: its package is not installed",
                 f"pip install {name}, or drop --report-to {name}",
             )
-    return names
+    return list(report_to)
 
 
 def tracked_hyperparameters(config: TrainConfig) -> dict[str, Any]:
@@ -224,6 +228,42 @@ def make_plan(config: TrainConfig, batches_per_epoch: int | None) -> Plan:
         eval_steps=interval(config.eval_steps) if config.eval_steps else None,
         save_steps=interval(config.save_steps),
     )
+
+
+class EpochSeededCollator:
+    """Runs a training collator with the torch RNG seeded by the run's seed, the epoch and the
+    batch's token ids, and leaves the global RNG untouched.
+
+    Random collators (masking, permutations) thus draw new masks every epoch, yet the same
+    ones in a resumed run as in an uninterrupted one: the global RNG, which a checkpoint
+    restores, is left to the model (dropout), and what the dataloader prefetched before a
+    checkpoint no longer matters. The same holds in every process and dataloader worker.
+    """
+
+    def __init__(self, collator: Any, seed: int) -> None:
+        self.collator = collator
+        self.seed = seed
+        self.epoch = 0
+
+    def __call__(self, features: list[Any]) -> Any:
+        import torch
+
+        digest = hashlib.blake2b(f"{self.seed}:{self.epoch}".encode(), digest_size=8)
+        for feature in features:
+            ids = feature.get("input_ids", feature) if isinstance(feature, dict) else feature
+            digest.update(_token_bytes(ids))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int.from_bytes(digest.digest(), "little") & (2**63 - 1))
+            return self.collator(features)
+
+
+def _token_bytes(ids: Any) -> bytes:
+    import numpy as np
+
+    try:
+        return np.asarray(ids, dtype=np.int64).tobytes()
+    except (TypeError, ValueError):  # ragged, e.g. the choices of a multiple-choice record
+        return repr(ids).encode()
 
 
 def _length(loader: Any) -> int | None:
@@ -363,7 +403,10 @@ class AccelerateRun:
         train_metrics = self._train_metrics()
         self.reporter.end()
         self._save_model()
-        train_metrics["train_samples"] = len(self.prepared.train_dataset or [])
+        dataset_size = _length(self.prepared.train_dataset)
+        train_metrics["train_samples"] = (
+            dataset_size if dataset_size is not None else int(self._update_totals()["samples"])
+        )
         return EngineResult(
             train_metrics=train_metrics, global_step=state.global_step, resumed_from=checkpoint
         )
@@ -373,6 +416,7 @@ class AccelerateRun:
         from accelerate import skip_first_batches
 
         loader.set_epoch(epoch)
+        loader.collate_fn.epoch = epoch
         if batches_done:
             loader = skip_first_batches(loader, batches_done)
         return enumerate(loader, start=batches_done)
@@ -481,8 +525,12 @@ class AccelerateRun:
 
         if dataset is None:
             return None
-        collator = self.prepared.collator if train else self.prepared.eval_collator
         config = self.config
+        collator = (
+            EpochSeededCollator(self.prepared.collator, config.seed)
+            if train
+            else self.prepared.eval_collator
+        )
         return DataLoader(
             dataset,
             batch_size=(
