@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,12 @@ ENGINES: dict[str, str] = {
 def train(config: TrainConfig, objective: Objective, console: Console) -> dict[str, Any]:
     from lmctl.pipeline import prepare
 
+    publication = None
+    if config.push_to is not None:
+        from lmctl.publish import PushAfterTraining
+
+        publication = PushAfterTraining(config, console)
+        publication.check()  # a permission problem fails now, not after training
     run_dir = rundir.prepare_output_dir(config)
     rundir.write_config(run_dir, config)
     console.info(f"run directory: {run_dir}")
@@ -73,4 +80,7 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         engine=config.engine,
         resumed=result.resumed_from is not None,
     )
-    return {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": results}
+    outcome = {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": results}
+    if publication is not None and os.environ.get("RANK", "0") == "0":
+        outcome["push"] = publication.push(run_dir)
+    return outcome
