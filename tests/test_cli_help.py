@@ -40,6 +40,8 @@ def _heavy_modules(*args: str) -> tuple[list[str], str]:
         ("train", "clm", "--help"),
         ("train", "clm", "--learning-rate", "-1", "--train-file", "x.txt"),
         ("train", "clm", "--model-type", "gpt2", "--train-tokenizer", "100", "--dry-run"),
+        ("push", "--help"),
+        ("push", ".", "--to", "s3:/bucket"),
     ],
 )
 def test_no_heavy_import(args: tuple[str, ...]) -> None:

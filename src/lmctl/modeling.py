@@ -12,7 +12,7 @@ import difflib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from lmctl import hub
+from lmctl import hub, storage
 from lmctl.config.base import is_remote, local_path
 from lmctl.errors import ConfigError, ModelError, PermissionDenied
 
@@ -55,13 +55,10 @@ def _looks_like_path(name: str) -> bool:
 
 
 def load_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: Any) -> T:
-    """Load from a local directory, the Hub cache, or the Hub, in that order."""
-    if is_remote(name):
-        raise ConfigError(
-            f"{flag} {name}: remote model URLs are not supported by this command yet",
-            "copy the model to a local directory and pass its path",
-        )
-    path = local_path(name)
+    """Load from a storage URL, a local directory, the Hub cache, or the Hub, in that order."""
+    if name.startswith(f"{storage.HUB_PROTOCOL}://"):
+        name = name.removeprefix(f"{storage.HUB_PROTOCOL}://")
+    path = storage.localize(name, f"{flag} {name}") if is_remote(name) else local_path(name)
     if path.exists():
         if not path.is_dir():
             raise ConfigError(f"{flag} {name}: not a directory", "give a model directory")

@@ -221,7 +221,14 @@ def write_model_card(
     results: dict[str, Any],
     engine: str,
     resumed: bool = False,
+    command: str | None = None,
+    versions: dict[str, str] | None = None,
 ) -> None:
+    """Write the model card.
+
+    ``command`` and ``versions`` describe the training run; they default to this process's
+    command line and libraries (a card regenerated later keeps the original ones).
+    """
     import yaml
 
     base_model = config.model_name_or_path
@@ -267,7 +274,7 @@ def write_model_card(
         "## Training",
         "",
         "```",
-        command_line(),
+        command or command_line(),
         "```",
         "",
         f"The full resolved configuration is in `{CONFIG_FILE}`; per-step metrics are in "
@@ -289,7 +296,8 @@ def write_model_card(
     ):
         lines.append(f"| {key} | {getattr(config, key)} |")
     lines += ["", "## Framework versions", ""]
-    lines += [f"- {name} {version}" for name, version in framework_versions().items()]
+    shown = versions or framework_versions()
+    lines += [f"- {name} {version}" for name, version in shown.items()]
     _atomic_write(path / "README.md", "\n".join(lines) + "\n")
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from lmctl import __version__
-from lmctl.cli import train
+from lmctl.cli import push, train
 
 app = typer.Typer(
     name="lmctl",
@@ -20,6 +20,9 @@ app = typer.Typer(
 
 train.register()
 app.add_typer(train.train_app, name="train")
+app.command("push", short_help="Publish a run or model to the Hub or an object store.")(
+    push.push_command
+)
 
 
 def _version(value: bool) -> None:

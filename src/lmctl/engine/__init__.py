@@ -32,6 +32,12 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
     from lmctl.pipeline import prepare
 
     main = is_main_process()
+    publication = None
+    if config.push_to is not None and main:
+        from lmctl.publish import PushAfterTraining
+
+        publication = PushAfterTraining(config, console)
+        publication.check()  # a permission problem fails now, not after training
     run_dir = rundir.prepare_output_dir(config) if main else Path(str(config.output_dir))
     if main:
         rundir.write_config(run_dir, config)
@@ -79,4 +85,7 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         engine=config.engine,
         resumed=result.resumed_from is not None,
     )
-    return {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": results}
+    outcome = {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": results}
+    if publication is not None:
+        outcome["push"] = publication.push(run_dir)
+    return outcome
