@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from lmctl import hub
@@ -161,6 +162,15 @@ def load_tokenizer(
     from transformers import AutoTokenizer
 
     if config.train_tokenizer is not None:
+        resumed = _resumed_tokenizer(config)
+        if resumed is not None:
+            console.info(f"resuming: using the tokenizer trained for this run ({resumed})")
+            return load_pretrained(
+                AutoTokenizer.from_pretrained,
+                str(resumed),
+                "--resume-from-checkpoint",
+                use_fast=config.use_fast_tokenizer,
+            )
         return train_tokenizer(
             training_texts,
             vocab_size=config.train_tokenizer,
@@ -178,6 +188,23 @@ def load_tokenizer(
         use_fast=config.use_fast_tokenizer,
         **_hub_kwargs(config),
     )
+
+
+def _resumed_tokenizer(config: TrainConfig) -> Path | None:
+    """The checkpoint a run resumes from, when it holds the tokenizer trained for the run."""
+    from lmctl import rundir
+
+    checkpoint = config.resume_from_checkpoint
+    if checkpoint is None or is_remote(checkpoint):
+        return None
+    if checkpoint == "auto":
+        found = rundir.latest_checkpoint(Path(config.output_dir or "."))
+        if found is None:
+            return None
+        path = found
+    else:
+        path = local_path(checkpoint)
+    return path if (path / "tokenizer_config.json").is_file() else None
 
 
 def train_tokenizer(
