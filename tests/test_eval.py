@@ -162,15 +162,18 @@ def test_same_numbers_for_model_run_and_checkpoint(
     assert metrics_of(again) == first
 
     run = tmp_path / "run"
+    train_file = tmp_path / f"train{data.suffix}"
+    shutil.copy(data, train_file)
     config = get_objective(name).config_class(
         model_name_or_path=str(model),
+        train_file=str(train_file),
         validation_file=str(data),
-        do_train=False,
         output_dir=str(run),
         **recipe.options,
     )
     _copy_model(model, run)
     rundir.write_config(run, config)
+    train_file.unlink()  # evaluation reads only the validation data
     with rundir.atomic_dir(run / "checkpoint-7") as staging:
         _copy_model(model, staging)
         (staging / rundir.STATE_FILE).write_text(json.dumps({"global_step": 7}))

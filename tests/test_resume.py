@@ -272,31 +272,61 @@ def _resume(run: Path) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def _interrupt(engine: str, train_file: Path, out: Path, sig: int) -> Path:
+    """Interrupt a run with ``sig``: exit 130, a checkpoint, and the exact resume command."""
+    proc = _run_until(_train_args(train_file, engine, out), out, 13, sig)
+    assert proc.returncode == 130, proc.stderr
+    assert f"interrupted by {signal.Signals(sig).name}" in proc.stderr
+    assert f"continue with: lmctl resume {out}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    latest = rundir.latest_checkpoint(out)
+    assert latest is not None and rundir.checkpoint_step(latest) >= 13, proc.stderr
+    assert not (out / "model.safetensors").exists()
+    return latest
+
+
+@pytest.mark.e2e
+def test_sigterm_saves_checkpoint(
+    reference: tuple[str, Path], small_train_file: Path, tmp_path: Path
+) -> None:
+    _interrupt(reference[0], small_train_file, tmp_path / "run", signal.SIGTERM)
+
+
 @pytest.mark.e2e
 def test_interrupt_saves_checkpoint_and_resume_finishes(
     reference: tuple[str, Path], small_train_file: Path, tmp_path: Path
 ) -> None:
     engine, ref = reference
     out = tmp_path / "run"
-    proc = _run_until(_train_args(small_train_file, engine, out), out, 13, signal.SIGINT)
-    assert proc.returncode == 130, proc.stderr
-    assert f"continue with: lmctl resume {out}" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    latest = rundir.latest_checkpoint(out)
-    assert latest is not None and rundir.checkpoint_step(latest) >= 13, proc.stderr
-    assert not (out / "model.safetensors").exists()
+    latest = _interrupt(engine, small_train_file, out, signal.SIGINT)
 
-    resumed = _resume(out)
+    # intervals may change on resume without changing what is learned
+    resumed = lmctl("resume", out, "--save-steps", "7", "--logging-steps", "2")
+    assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {out} from {latest.name}" in resumed.stderr
     assert _max_weight_diff(ref, out) < 1e-5
+    start = rundir.checkpoint_step(latest)
+    saved = {rundir.checkpoint_step(p) for p in rundir.checkpoints(out)}
+    assert {s for s in saved if s > start} == {*range(7 * (start // 7 + 1), MAX_STEPS, 7), 40}
+    assert _logged_step(out) == MAX_STEPS
     card = (out / "README.md").read_text()
     assert "resumed from a checkpoint with `lmctl resume`" in card
     events = [json.loads(line) for line in (out / rundir.METRICS_LOG).read_text().splitlines()]
     assert {"event": "resume", "step": rundir.checkpoint_step(latest)}.items() <= events[
         [e.get("event") for e in events].index("resume")
     ].items()
-    assert max(e["step"] for e in events if "loss" in e) == MAX_STEPS
+    logged = [e["step"] for e in events[[e.get("event") for e in events].index("resume") :]]
+    assert [step for step in logged[1:] if step < MAX_STEPS] == list(
+        range(2 * (start // 2 + 1), MAX_STEPS, 2)
+    )
     assert "train_loss" in json.loads((out / "all_results.json").read_text())
+
+    # a finished run can be extended
+    extended = lmctl("resume", out, "--max-steps", str(MAX_STEPS + 4), "--json")
+    assert extended.returncode == 0, extended.stderr
+    assert json.loads(extended.stdout)["global_step"] == MAX_STEPS + 4
+    assert rundir.latest_checkpoint(out) == out / f"checkpoint-{MAX_STEPS + 4}"
+    assert f"max_steps: {MAX_STEPS + 4}" in (out / rundir.CONFIG_FILE).read_text()
 
 
 @pytest.mark.e2e

@@ -274,6 +274,10 @@ def eval_config(target: Target, options: dict[str, Any]) -> TrainConfig:
     if "validation_file" in options or "dataset_name" in options:
         for name in SOURCE_FIELDS:
             values.pop(name, None)
+    elif values.get("validation_file"):
+        # Only the validation file is read; the training data need not even exist any more.
+        values.pop("train_file", None)
+        values.pop("max_train_samples", None)
     for name in MODEL_FIELDS:
         values.pop(name, None)
     if target.kind == "model" and not any(

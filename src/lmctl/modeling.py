@@ -302,7 +302,10 @@ def build_model(
             ) from exc
         params = sum(p.numel() for p in model.parameters())
         kind = model_config.model_type
-        console.info(f"training a new {kind} model from scratch: {_count(params)} parameters")
+        if config.resume_from_checkpoint is not None:
+            console.info(f"{kind} model, {_count(params)} parameters, restored from the checkpoint")
+        else:
+            console.info(f"training a new {kind} model from scratch: {_count(params)} parameters")
     embeddings = model.get_input_embeddings()
     if embeddings is not None and len(tokenizer) > embeddings.weight.shape[0]:
         console.info(

@@ -102,6 +102,13 @@ def _make_trainer_class() -> type:
             ):
                 self._loss_shifts_labels = True
 
+        def _init_training_state(self, max_steps: int, *args: Any, **kwargs: Any) -> Any:
+            trained = super()._init_training_state(max_steps, *args, **kwargs)
+            # A restored state keeps the logging, eval and save intervals it was saved with;
+            # a resumed run uses the current ones ('lmctl resume --save-steps' may change them).
+            self.state.compute_steps(self.args, max_steps)
+            return trained
+
         def _save_checkpoint(self, model: Any, trial: Any) -> None:
             """The Trainer's checkpoint, written into a staging folder that is renamed into
             place once complete (trainer state last), then lmctl's rotation."""
