@@ -183,6 +183,13 @@ def test_same_numbers_for_model_run_and_checkpoint(
         assert payload["kind"] == kind
         assert metrics_of(payload) == first, kind
 
+    # an interrupted run (no final model yet) is evaluated at its newest checkpoint
+    (run / "config.json").unlink()
+    code, payload, err = run_eval(run)
+    assert code == 0, err
+    assert payload["model"] == str(run / "checkpoint-7")
+    assert metrics_of(payload) == first
+
 
 # Which objective a model directory is for -----------------------------------------------------
 

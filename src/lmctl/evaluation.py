@@ -29,7 +29,9 @@ from lmctl.config.base import TrainConfig, is_remote, local_path
 from lmctl.config.fields import flag_name
 from lmctl.errors import ConfigError, Interrupted
 from lmctl.metrics import perplexity
+from lmctl.modeling import looks_like_path
 from lmctl.objectives import OBJECTIVES, get_objective
+from lmctl.resume import resume_command
 
 if TYPE_CHECKING:
     from lmctl.console import Console
@@ -110,7 +112,7 @@ def resolve_target(path: str, task: str | None) -> Target:
         )
     local = local_path(path)
     if is_remote(path) or not local.exists():
-        if is_remote(path) or path.startswith((".", "/", "~")) or path.count("/") > 1:
+        if is_remote(path) or looks_like_path(path):
             raise ConfigError(
                 f"{path}: no such directory",
                 "give a run directory, a checkpoint directory or a model directory",
@@ -172,7 +174,7 @@ def _run_weights(run_dir: Path) -> Path:
     if checkpoint is None:
         raise ConfigError(
             f"{run_dir} has no model yet: no final model and no complete checkpoint",
-            f"finish the run first ({'lmctl resume ' + str(run_dir)}), or train it again",
+            f"finish it first: {resume_command(run_dir)}",
         )
     return checkpoint
 

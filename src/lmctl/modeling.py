@@ -51,7 +51,7 @@ SPECIAL_TOKENS = {
 }
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
@@ -73,7 +73,7 @@ def load_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: An
                 f"{flag} {name}: cannot load it ({_first_line(exc)})",
                 "give a directory written by save_pretrained (config.json, weights, tokenizer)",
             ) from exc
-    if _looks_like_path(name):
+    if looks_like_path(name):
         raise ConfigError(f"{flag} {name}: no such directory", "check the path")
     try:
         return loader(name, local_files_only=True, **kwargs)
@@ -190,21 +190,22 @@ def load_tokenizer(
     )
 
 
-def _resumed_tokenizer(config: TrainConfig) -> Path | None:
-    """The checkpoint a run resumes from, when it holds the tokenizer trained for the run."""
+def _resume_checkpoint(config: TrainConfig) -> Path | None:
+    """The local checkpoint this run resumes from, if any."""
     from lmctl import rundir
 
     checkpoint = config.resume_from_checkpoint
     if checkpoint is None or is_remote(checkpoint):
         return None
     if checkpoint == "auto":
-        found = rundir.latest_checkpoint(Path(config.output_dir or "."))
-        if found is None:
-            return None
-        path = found
-    else:
-        path = local_path(checkpoint)
-    return path if (path / "tokenizer_config.json").is_file() else None
+        return rundir.latest_checkpoint(Path(config.output_dir or "."))
+    return local_path(checkpoint)
+
+
+def _resumed_tokenizer(config: TrainConfig) -> Path | None:
+    """The checkpoint a run resumes from, when it holds the tokenizer trained for the run."""
+    path = _resume_checkpoint(config)
+    return path if path is not None and (path / "tokenizer_config.json").is_file() else None
 
 
 def train_tokenizer(
@@ -302,7 +303,7 @@ def build_model(
             ) from exc
         params = sum(p.numel() for p in model.parameters())
         kind = model_config.model_type
-        if config.resume_from_checkpoint is not None:
+        if _resume_checkpoint(config) is not None:
             console.info(f"{kind} model, {_count(params)} parameters, restored from the checkpoint")
         else:
             console.info(f"training a new {kind} model from scratch: {_count(params)} parameters")
