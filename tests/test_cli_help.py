@@ -42,6 +42,11 @@ def _heavy_modules(*args: str) -> tuple[list[str], str]:
         ("train", "clm", "--model-type", "gpt2", "--train-tokenizer", "100", "--dry-run"),
         ("push", "--help"),
         ("push", ".", "--to", "s3:/bucket"),
+        ("eval", "--help"),
+        ("resume", "--help"),
+        ("eval", "no/such/run"),
+        ("resume", "no/such/run"),
+        ("resume", "no/such/run", "--block-size", "64"),
     ],
 )
 def test_no_heavy_import(args: tuple[str, ...]) -> None:

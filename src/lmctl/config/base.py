@@ -276,7 +276,11 @@ class TrainConfig(StrictModel):
     save_strategy: Strategy = option("steps", "When to save checkpoints.", panel=PANEL_EVAL)
     save_steps: float = option(500, "Save a checkpoint every N steps.", panel=PANEL_EVAL, gt=0)
     save_total_limit: int | None = option(
-        None, "Keep at most N checkpoints (the newest are kept).", panel=PANEL_EVAL, gt=0
+        None,
+        "Keep at most N checkpoints; the newest, and the best one with "
+        "load_best_model_at_end, are never deleted.",
+        panel=PANEL_EVAL,
+        gt=0,
     )
 
     # Publishing

@@ -16,6 +16,7 @@ from lmctl.distributed import is_main_process
 from lmctl.engine.common import NonFiniteLoss
 from lmctl.errors import Interrupted, TrainingFailed
 from lmctl.metrics import perplexity
+from lmctl.resume import resume_command
 from lmctl.signals import graceful_stop
 
 if TYPE_CHECKING:
@@ -58,14 +59,17 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
                 "lower --learning-rate, add --warmup-steps or --max-grad-norm, or check the data",
             ) from exc
     if result.interrupted_at is not None:
-        where = (
-            f"checkpoint saved at step {result.interrupted_at}"
-            if result.checkpoint
-            else "no checkpoint"
-        )
+        if result.checkpoint is not None:
+            raise Interrupted(
+                f"interrupted by {stop.signal_name}; checkpoint saved at step "
+                f"{result.interrupted_at} in {run_dir}",
+                f"continue with: {resume_command(run_dir)}",
+            )
         raise Interrupted(
-            f"interrupted by {stop.signal_name}; {where} in {run_dir}",
-            f"continue with: lmctl resume {run_dir}",
+            f"interrupted by {stop.signal_name} at step {result.interrupted_at}; "
+            f"no checkpoint was saved in {run_dir}",
+            f"start again with: lmctl train {config.objective} --config "
+            f"{run_dir / rundir.CONFIG_FILE} --overwrite-output-dir",
         )
     if not main:
         return {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": {}}
