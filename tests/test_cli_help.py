@@ -40,6 +40,13 @@ def _heavy_modules(*args: str) -> tuple[list[str], str]:
         ("train", "clm", "--help"),
         ("train", "clm", "--learning-rate", "-1", "--train-file", "x.txt"),
         ("train", "clm", "--model-type", "gpt2", "--train-tokenizer", "100", "--dry-run"),
+        ("push", "--help"),
+        ("push", ".", "--to", "s3:/bucket"),
+        ("eval", "--help"),
+        ("resume", "--help"),
+        ("eval", "no/such/run"),
+        ("resume", "no/such/run"),
+        ("resume", "no/such/run", "--block-size", "64"),
     ],
 )
 def test_no_heavy_import(args: tuple[str, ...]) -> None:

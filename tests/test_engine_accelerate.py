@@ -598,14 +598,3 @@ def test_no_trainer_args_file(tmp_path: Path) -> None:
 def test_schedule_and_engine_rules(tmp_path: Path, values: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         _config(tmp_path, **values)
-
-
-def test_save_total_limit_keeps_the_newest(tmp_path: Path) -> None:
-    for step in (5, 10, 15, 20):
-        (tmp_path / f"checkpoint-{step}").mkdir()
-    removed = rundir.prune_checkpoints(tmp_path, 2)
-    assert [path.name for path in removed] == ["checkpoint-5", "checkpoint-10"]
-    assert sorted(path.name for path in rundir.checkpoints(tmp_path)) == [
-        "checkpoint-15",
-        "checkpoint-20",
-    ]

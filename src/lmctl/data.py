@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import __version__, hub
-from lmctl.config.base import data_extension, is_remote, local_path
+from lmctl.config.base import data_extension
 from lmctl.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def load_raw(config: TrainConfig, *, need_eval: bool, text_options: dict[str, An
 def _load_files(config: TrainConfig, files: dict[str, str], text_options: dict[str, Any]) -> Any:
     import datasets
 
-    local_files = {split: _localize(path) for split, path in files.items()}
+    local_files = {split: _localize(path, f"--{split}-file") for split, path in files.items()}
     extension = data_extension(next(iter(files.values())))
     builder = BUILDERS[extension]
     kwargs: dict[str, Any] = dict(text_options) if builder == "text" else {}
@@ -88,13 +88,11 @@ def _load_files(config: TrainConfig, files: dict[str, str], text_options: dict[s
         ) from exc
 
 
-def _localize(path: str) -> str:
-    if is_remote(path):
-        raise ConfigError(
-            f"{path}: remote data URLs are not supported by this command yet",
-            "download the file and pass its local path",
-        )
-    return str(local_path(path))
+def _localize(path: str, flag: str) -> str:
+    """Remote files are fetched into lmctl's cache first (see :func:`lmctl.storage.localize`)."""
+    from lmctl import storage
+
+    return str(storage.localize(path, f"{flag} {path}"))
 
 
 def _explain_bad_file(path: str, extension: str, shown: str, exc: Exception) -> None:

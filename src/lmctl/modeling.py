@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from lmctl import hub
+from lmctl import hub, storage
 from lmctl.config.base import is_remote, local_path
 from lmctl.errors import ConfigError, ModelError, PermissionDenied
 
@@ -50,18 +51,15 @@ SPECIAL_TOKENS = {
 }
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
 def load_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: Any) -> T:
-    """Load from a local directory, the Hub cache, or the Hub, in that order."""
-    if is_remote(name):
-        raise ConfigError(
-            f"{flag} {name}: remote model URLs are not supported by this command yet",
-            "copy the model to a local directory and pass its path",
-        )
-    path = local_path(name)
+    """Load from a storage URL, a local directory, the Hub cache, or the Hub, in that order."""
+    if name.startswith(f"{storage.HUB_PROTOCOL}://"):
+        name = name.removeprefix(f"{storage.HUB_PROTOCOL}://")
+    path = storage.localize(name, f"{flag} {name}") if is_remote(name) else local_path(name)
     if path.exists():
         if not path.is_dir():
             raise ConfigError(f"{flag} {name}: not a directory", "give a model directory")
@@ -72,7 +70,7 @@ def load_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: An
                 f"{flag} {name}: cannot load it ({_first_line(exc)})",
                 "give a directory written by save_pretrained (config.json, weights, tokenizer)",
             ) from exc
-    if _looks_like_path(name):
+    if looks_like_path(name):
         raise ConfigError(f"{flag} {name}: no such directory", "check the path")
     try:
         return loader(name, local_files_only=True, **kwargs)
@@ -161,6 +159,15 @@ def load_tokenizer(
     from transformers import AutoTokenizer
 
     if config.train_tokenizer is not None:
+        resumed = _resumed_tokenizer(config)
+        if resumed is not None:
+            console.info(f"resuming: using the tokenizer trained for this run ({resumed})")
+            return load_pretrained(
+                AutoTokenizer.from_pretrained,
+                str(resumed),
+                "--resume-from-checkpoint",
+                use_fast=config.use_fast_tokenizer,
+            )
         return train_tokenizer(
             training_texts,
             vocab_size=config.train_tokenizer,
@@ -178,6 +185,24 @@ def load_tokenizer(
         use_fast=config.use_fast_tokenizer,
         **_hub_kwargs(config),
     )
+
+
+def _resume_checkpoint(config: TrainConfig) -> Path | None:
+    """The local checkpoint this run resumes from, if any."""
+    from lmctl import rundir
+
+    checkpoint = config.resume_from_checkpoint
+    if checkpoint is None or is_remote(checkpoint):
+        return None
+    if checkpoint == "auto":
+        return rundir.latest_checkpoint(Path(config.output_dir or "."))
+    return local_path(checkpoint)
+
+
+def _resumed_tokenizer(config: TrainConfig) -> Path | None:
+    """The checkpoint a run resumes from, when it holds the tokenizer trained for the run."""
+    path = _resume_checkpoint(config)
+    return path if path is not None and (path / "tokenizer_config.json").is_file() else None
 
 
 def train_tokenizer(
@@ -274,7 +299,10 @@ def build_model(
             ) from exc
         params = sum(p.numel() for p in model.parameters())
         kind = model_config.model_type
-        console.info(f"training a new {kind} model from scratch: {_count(params)} parameters")
+        if _resume_checkpoint(config) is not None:
+            console.info(f"{kind} model, {_count(params)} parameters, restored from the checkpoint")
+        else:
+            console.info(f"training a new {kind} model from scratch: {_count(params)} parameters")
     embeddings = model.get_input_embeddings()
     if embeddings is not None and len(tokenizer) > embeddings.weight.shape[0]:
         console.info(

@@ -2,11 +2,13 @@
 
 lmctl.yaml            resolved config (no secrets); `--config` accepts it as is
 metrics.jsonl         one JSON object per logged step or evaluation
-train_results.json    upstream-compatible result files
-eval_results.json
+train_results.json    upstream-compatible result files (``lmctl eval`` writes
+eval_results.json     eval_results.json only when absent, see lmctl.evaluation)
 all_results.json
 trainer_state.json    written by the engine
-checkpoint-<step>/    checkpoints (the newest complete one is used to resume)
+checkpoint-<step>/    checkpoints (the newest complete one is used to resume), each written
+                      under a hidden .tmp-* name and renamed when complete, with a manifest
+                      (lmctl_checkpoint.json) of its files and sizes
 README.md             model card
 config.json, model.safetensors, tokenizer files: the final model (save_pretrained)
 """
@@ -36,6 +38,9 @@ CONFIG_FILE = "lmctl.yaml"
 METRICS_LOG = "metrics.jsonl"
 STATE_FILE = "trainer_state.json"
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+STAGING_PREFIX = ".tmp-"
+MANIFEST_FILE = "lmctl_checkpoint.json"
+TEST_PAUSE_ENV = "LMCTL_TEST_PAUSE_IN_SAVE"
 
 
 def check_output_dir(config: TrainConfig) -> None:
@@ -77,12 +82,33 @@ def prepare_output_dir(config: TrainConfig) -> Path:
     return path
 
 
+# Config fields that may name local files or directories; lmctl.yaml stores them absolute so
+# that resume and eval work from any working directory.
+PATH_FIELDS = (
+    "model_name_or_path",
+    "config_name",
+    "tokenizer_name",
+    "cache_dir",
+    "dataset_name",
+    "train_file",
+    "validation_file",
+)
+
+
 def write_config(path: Path, config: TrainConfig) -> None:
+    """Save the resolved config. Local paths are made absolute; which checkpoint a run was
+    resumed from is not part of it (``lmctl resume`` finds the newest one itself)."""
     import yaml
 
+    from lmctl.config.base import is_remote, local_path
     from lmctl.config.loader import dump_config
 
     data = {"objective": config.objective, **dump_config(config)}
+    data["resume_from_checkpoint"] = None
+    for name in PATH_FIELDS:
+        value = data.get(name)
+        if isinstance(value, str) and not is_remote(value) and local_path(value).exists():
+            data[name] = str(local_path(value).resolve())
     header = (
         f"# lmctl {__version__} resolved config; rerun it with:\n"
         f"#   lmctl train {config.objective} --config {CONFIG_FILE}\n"
@@ -105,11 +131,11 @@ def append_metrics(path: Path, record: dict[str, Any]) -> None:
 def save_results(path: Path, split: str, metrics: dict[str, Any]) -> None:
     """``<split>_results.json`` and the merged ``all_results.json``, as the Trainer writes them."""
     clean = {key: _json_value(value) for key, value in metrics.items()}
-    _write_json(path / f"{split}_results.json", clean)
+    write_json(path / f"{split}_results.json", clean)
     all_path = path / "all_results.json"
     merged = json.loads(all_path.read_text()) if all_path.is_file() else {}
     merged.update(clean)
-    _write_json(all_path, merged)
+    write_json(all_path, merged)
 
 
 def load_results(path: Path) -> dict[str, Any]:
@@ -118,26 +144,81 @@ def load_results(path: Path) -> dict[str, Any]:
 
 
 @contextmanager
-def atomic_dir(final: Path) -> Iterator[Path]:
+def atomic_dir(final: Path, owner: str | None = None) -> Iterator[Path]:
     """Write a directory under a temporary name in the same folder, then rename it into place.
 
     Readers (resume, eval, another process) see either no directory or a complete one; a crash
-    midway leaves only a hidden ``.tmp-*`` folder that :func:`checkpoints` ignores.
+    midway leaves only a hidden ``.tmp-*`` folder that :func:`checkpoints` ignores and
+    :func:`discard_staging` removes. ``owner`` names the staging folder (default: this
+    process id); processes that write one directory together must agree on it.
     """
-    staging = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    staging = begin_staging(final, owner)
     try:
         yield staging
-        _fsync_tree(staging)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)
-        _fsync_dir(final.parent)
+        commit_dir(staging, final)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def staging_dir(final: Path, owner: str | None = None) -> Path:
+    """The hidden temporary name under which ``final`` is written before it is committed."""
+    tag = owner if owner is not None else str(os.getpid())
+    return final.parent / f"{STAGING_PREFIX}{final.name}-{tag}"
+
+
+def begin_staging(final: Path, owner: str | None = None) -> Path:
+    """An empty staging folder for ``final`` (a leftover from a crashed writer is cleared)."""
+    staging = staging_dir(final, owner)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def commit_dir(staging: Path, final: Path) -> None:
+    """Flush ``staging`` to disk and rename it to ``final`` (replacing an older copy).
+
+    A checkpoint also gets a manifest of its files and sizes, written last, so that a later
+    truncation or partial copy is detected by :func:`checkpoint_problem`.
+    """
+    _test_pause(final)
+    if CHECKPOINT_PATTERN.match(final.name):
+        files = {
+            str(file.relative_to(staging)): file.stat().st_size
+            for file in sorted(staging.rglob("*"))
+            if file.is_file()
+        }
+        (staging / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=1) + "\n")
+    _fsync_tree(staging)
+    if final.exists():
+        _remove_dir(final)
+    os.replace(staging, final)
+    _fsync_dir(final.parent)
+
+
+def _test_pause(final: Path) -> None:
+    """Test hook: ``LMCTL_TEST_PAUSE_IN_SAVE=SECONDS`` (every save) or ``NAME:SECONDS`` (only
+    the directory called NAME) sleeps after the content is written and before the rename, so
+    that a test can kill the process in the middle of a save."""
+    value = os.environ.get(TEST_PAUSE_ENV, "").strip()
+    if not value:
+        return
+    name, _, seconds = value.rpartition(":")
+    if name and name != final.name:
+        return
+    sys.stderr.write(f"{TEST_PAUSE_ENV}: pausing {seconds}s before committing {final.name}\n")
+    sys.stderr.flush()
+    time.sleep(float(seconds))
+
+
+def _remove_dir(path: Path) -> None:
+    """Delete a directory so that it disappears at once: rename it away, then remove it."""
+    doomed = staging_dir(path, "deleted")
+    if doomed.exists():
+        shutil.rmtree(doomed)
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _fsync_tree(root: Path) -> None:
@@ -156,6 +237,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def discard_staging(path: Path) -> list[Path]:
+    """Remove half-written directories left in ``path`` by a save that was killed."""
+    if not path.is_dir():
+        return []
+    found = sorted(
+        child
+        for child in path.iterdir()
+        if child.is_dir() and child.name.startswith(STAGING_PREFIX)
+    )
+    for child in found:
+        shutil.rmtree(child, ignore_errors=True)
+    return found
+
+
 def checkpoints(path: Path) -> list[Path]:
     """Checkpoint directories, oldest first."""
     if not path.is_dir():
@@ -168,30 +263,82 @@ def checkpoints(path: Path) -> list[Path]:
     return [child for _, child in sorted(found)]
 
 
-def is_complete_checkpoint(path: Path) -> bool:
-    """A checkpoint is complete once its trainer state, written last, parses."""
-    state = path / STATE_FILE
+def checkpoint_step(path: Path) -> int:
+    match = CHECKPOINT_PATTERN.match(path.name)
+    if match is None:
+        raise ValueError(f"{path} is not a checkpoint directory")
+    return int(match.group(1))
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why a checkpoint cannot be used, or None when it is complete.
+
+    Complete means: its trainer state (written last) parses and, when it has a manifest,
+    every listed file is there with its recorded size.
+    """
     try:
-        json.loads(state.read_text())
+        json.loads((path / STATE_FILE).read_text())
+    except FileNotFoundError:
+        return f"{STATE_FILE} is missing (the save did not finish)"
     except (OSError, ValueError):
-        return False
-    return True
-
-
-def latest_checkpoint(path: Path) -> Path | None:
-    for candidate in reversed(checkpoints(path)):
-        if is_complete_checkpoint(candidate):
-            return candidate
+        return f"{STATE_FILE} is unreadable"
+    manifest = path / MANIFEST_FILE
+    if not manifest.is_file():
+        return None
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{MANIFEST_FILE} is unreadable"
+    for name, size in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes instead of {size}"
     return None
 
 
-def prune_checkpoints(path: Path, keep: int) -> list[Path]:
-    """Delete the oldest checkpoints so that at most ``keep`` (>= 1) remain; the newest stays."""
+def is_complete_checkpoint(path: Path) -> bool:
+    return checkpoint_problem(path) is None
+
+
+def latest_checkpoint(path: Path, skipped: list[tuple[Path, str]] | None = None) -> Path | None:
+    """The newest complete checkpoint; newer unusable ones are appended to ``skipped``."""
+    for candidate in reversed(checkpoints(path)):
+        problem = checkpoint_problem(candidate)
+        if problem is None:
+            return candidate
+        if skipped is not None:
+            skipped.append((candidate, problem))
+    return None
+
+
+def read_checkpoint_state(path: Path) -> dict[str, Any]:
+    state: dict[str, Any] = json.loads((path / STATE_FILE).read_text())
+    return state
+
+
+def rotate_checkpoints(
+    path: Path, limit: int | None, protect: list[Path] | None = None
+) -> list[Path]:
+    """Delete the oldest checkpoints beyond ``limit``.
+
+    Never deletes the newest complete checkpoint (the one a resume needs) nor any in
+    ``protect`` (the best one with --load-best-model-at-end); the limit stretches instead.
+    """
+    if not limit:
+        return []
     found = checkpoints(path)
-    removed = found[: max(len(found) - max(keep, 1), 0)]
-    for old in removed:
-        shutil.rmtree(old, ignore_errors=True)
-    return removed
+    newest = latest_checkpoint(path)
+    kept = {p.resolve() for p in (protect or []) if p.exists()}
+    if newest is not None:
+        kept.add(newest.resolve())
+    removable = [c for c in found if c.resolve() not in kept]
+    excess = len(found) - max(limit, len(kept))
+    deleted = removable[: max(excess, 0)]
+    for checkpoint in deleted:
+        _remove_dir(checkpoint)
+    return deleted
 
 
 def command_line() -> str:
@@ -230,7 +377,14 @@ def write_model_card(
     results: dict[str, Any],
     engine: str,
     resumed: bool = False,
+    command: str | None = None,
+    versions: dict[str, str] | None = None,
 ) -> None:
+    """Write the model card.
+
+    ``command`` and ``versions`` describe the training run; they default to this process's
+    command line and libraries (a card regenerated later keeps the original ones).
+    """
     import yaml
 
     base_model = config.model_name_or_path
@@ -276,7 +430,7 @@ def write_model_card(
         "## Training",
         "",
         "```",
-        command_line(),
+        command or command_line(),
         "```",
         "",
         f"The full resolved configuration is in `{CONFIG_FILE}`; per-step metrics are in "
@@ -298,7 +452,8 @@ def write_model_card(
     ):
         lines.append(f"| {key} | {getattr(config, key)} |")
     lines += ["", "## Framework versions", ""]
-    lines += [f"- {name} {version}" for name, version in framework_versions().items()]
+    shown = versions or framework_versions()
+    lines += [f"- {name} {version}" for name, version in shown.items()]
     _atomic_write(path / "README.md", "\n".join(lines) + "\n")
 
 
@@ -332,8 +487,9 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    _atomic_write(path, json.dumps(data, indent=4, sort_keys=True) + "\n")
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """A results file, written atomically (upstream layout: indented, sorted keys)."""
+    _atomic_write(path, json.dumps(data, indent=4, sort_keys=True, default=_json_default) + "\n")
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -7,7 +7,8 @@ from typing import Annotated
 import typer
 
 from lmctl import __version__
-from lmctl.cli import train
+from lmctl.cli import eval as eval_cmd
+from lmctl.cli import push, resume, train
 
 app = typer.Typer(
     name="lmctl",
@@ -20,6 +21,11 @@ app = typer.Typer(
 
 train.register()
 app.add_typer(train.train_app, name="train")
+eval_cmd.register(app)
+resume.register(app)
+app.command("push", short_help="Publish a run or model to the Hub or an object store.")(
+    push.push_command
+)
 
 
 def _version(value: bool) -> None:

@@ -64,10 +64,23 @@ def _shown_default(value: Any) -> str | bool:
     return str(value)
 
 
-def config_parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
-    """One keyword parameter (with its ``typer.Option``) per command-line config field."""
+def config_parameters(
+    model: type[BaseModel],
+    *,
+    only: tuple[str, ...] | None = None,
+    hidden: bool = False,
+    show_defaults: bool = True,
+) -> list[inspect.Parameter]:
+    """One keyword parameter (with its ``typer.Option``) per command-line config field.
+
+    ``only`` keeps the named fields (in that order); ``hidden`` keeps the flags out of
+    ``--help`` and completion (they still parse, so a command can refuse them by name);
+    ``show_defaults=False`` for commands whose defaults come from elsewhere (a saved run).
+    """
+    names = only if only is not None else tuple(model.model_fields)
     params = []
-    for name, info in model.model_fields.items():
+    for name in names:
+        info = model.model_fields[name]
         extra = field_extra(info)
         if not extra.get("cli", True):
             continue
@@ -83,7 +96,8 @@ def config_parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
             *decls,
             help=info.description,
             rich_help_panel=extra.get("panel"),
-            show_default=_shown_default(info.default),
+            show_default=_shown_default(info.default) if show_defaults else False,
+            hidden=hidden,
             metavar=metavar,
             autocompletion=_completer(choices),
         )
@@ -94,6 +108,20 @@ def config_parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
             )
         )
     return params
+
+
+def union_fields(models: list[type[BaseModel]]) -> dict[str, type[BaseModel]]:
+    """Every field name declared by any of ``models``, with the first model declaring it."""
+    out: dict[str, type[BaseModel]] = {}
+    for model in models:
+        for name in model.model_fields:
+            out.setdefault(name, model)
+    return out
+
+
+def given_flags(values: dict[str, Any], names: list[str] | tuple[str, ...]) -> list[str]:
+    """The flags among ``names`` that were given on the command line."""
+    return [flag_name(name) for name in names if values.get(name) not in (None, [])]
 
 
 def with_signature(

@@ -127,11 +127,11 @@ def run_train(
 
     result = train(config, objective, console)
     if is_main_process():
-        console.summary(f"lmctl train {name}: {result['output_dir']}", _headline(result["metrics"]))
+        console.summary(f"lmctl train {name}: {result['output_dir']}", headline(result["metrics"]))
     return result
 
 
-def _headline(metrics: dict[str, Any]) -> dict[str, Any]:
+def headline(metrics: dict[str, Any]) -> dict[str, Any]:
     keys = (
         "train_loss",
         "eval_loss",

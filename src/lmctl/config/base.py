@@ -19,6 +19,7 @@ from lmctl.config.fields import (
     PANEL_DATA,
     PANEL_EVAL,
     PANEL_MODEL,
+    PANEL_PUBLISH,
     PANEL_TRAINING,
     flag_name,
     option,
@@ -100,7 +101,8 @@ class TrainConfig(StrictModel):
     # Model
     model_name_or_path: str | None = option(
         None,
-        "Pretrained model: a local directory or a Hub id. Leave unset to train from scratch.",
+        "Pretrained model: a local directory, a Hub id or a storage URL (s3://, gs://, ...). "
+        "Leave unset to train from scratch.",
         panel=PANEL_MODEL,
         flags=("--model",),
     )
@@ -120,7 +122,7 @@ class TrainConfig(StrictModel):
     )
     tokenizer_name: str | None = option(
         None,
-        "Tokenizer to use if not the model's own (directory or Hub id).",
+        "Tokenizer to use if not the model's own (directory, Hub id or storage URL).",
         panel=PANEL_MODEL,
         flags=("--tokenizer",),
     )
@@ -166,10 +168,14 @@ class TrainConfig(StrictModel):
         None, "Configuration name of --dataset-name.", panel=PANEL_DATA
     )
     train_file: str | None = option(
-        None, "Training data: a txt, csv, json, jsonl or parquet file.", panel=PANEL_DATA
+        None,
+        "Training data: a txt, csv, json, jsonl or parquet file (a path or a storage URL).",
+        panel=PANEL_DATA,
     )
     validation_file: str | None = option(
-        None, "Evaluation data: a txt, csv, json, jsonl or parquet file.", panel=PANEL_DATA
+        None,
+        "Evaluation data: a txt, csv, json, jsonl or parquet file (a path or a storage URL).",
+        panel=PANEL_DATA,
     )
     text_column: str | None = option(
         None,
@@ -291,7 +297,22 @@ class TrainConfig(StrictModel):
         panel=PANEL_EVAL,
     )
     save_total_limit: int | None = option(
-        None, "Keep at most N checkpoints (the newest are kept).", panel=PANEL_EVAL, gt=0
+        None,
+        "Keep at most N checkpoints; the newest, and the best one with "
+        "load_best_model_at_end, are never deleted.",
+        panel=PANEL_EVAL,
+        gt=0,
+    )
+
+    # Publishing
+    push_to: str | None = option(
+        None,
+        "Publish the final model when training ends: hf://NAMESPACE/REPO or a storage URL "
+        "(s3://, gs://, oss://, hdfs://, file:///). Write access is checked before training.",
+        panel=PANEL_PUBLISH,
+    )
+    push_private: bool = option(
+        False, "Create the Hub repository of --push-to as private.", panel=PANEL_PUBLISH
     )
 
     @model_validator(mode="before")
@@ -442,6 +463,8 @@ class TrainConfig(StrictModel):
                 )
         if not (self.do_train or self.do_eval):
             problems.add("nothing to do: both training and evaluation are off", "drop --no-train")
+        if self.push_to is not None:
+            self._check_push(problems)
         if self.resume_from_checkpoint not in (None, "auto"):
             ckpt = self.resume_from_checkpoint
             if not is_remote(ckpt) and not local_path(ckpt).is_dir():
@@ -464,6 +487,27 @@ class TrainConfig(StrictModel):
                 f"training_args.lr_scheduler_kwargs.{' or '.join(needed)}",
                 f"set it in the config file, e.g. training_args: {{lr_scheduler_kwargs: "
                 f"{{{needed[0]}: ...}}}}",
+            )
+
+    def _check_push(self, problems: Problems) -> None:
+        from lmctl.errors import ConfigError
+        from lmctl.storage import parse_location
+
+        assert self.push_to is not None
+        try:
+            location = parse_location(self.push_to, "--push-to")
+        except ConfigError as exc:
+            problems.add(exc.message, exc.hint or "")
+            return
+        if self.push_private and not location.is_hub:
+            problems.add(
+                "--push-private only applies to a Hub destination (hf://)",
+                "drop --push-private, or push to hf://NAMESPACE/REPO",
+            )
+        if not self.do_train:
+            problems.add(
+                "--push-to needs --do-train: there is no trained model to publish",
+                "drop --push-to, or publish an existing model with 'lmctl push DIR --to DEST'",
             )
 
     def resolved_output_dir(self) -> str:

@@ -17,6 +17,7 @@ PANEL_DATA = "Data"
 PANEL_TRAINING = "Training"
 PANEL_EVAL = "Evaluation and checkpoints"
 PANEL_OBJECTIVE = "Objective"
+PANEL_PUBLISH = "Publishing"
 
 
 def option(

@@ -16,6 +16,7 @@ from lmctl.distributed import is_main_process
 from lmctl.engine.common import NonFiniteLoss
 from lmctl.errors import Interrupted, TrainingFailed
 from lmctl.metrics import perplexity
+from lmctl.resume import resume_command
 from lmctl.signals import graceful_stop
 
 if TYPE_CHECKING:
@@ -33,6 +34,12 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
     from lmctl.pipeline import prepare
 
     main = is_main_process()
+    publication = None
+    if config.push_to is not None and main:
+        from lmctl.publish import PushAfterTraining
+
+        publication = PushAfterTraining(config, console)
+        publication.check()  # a permission problem fails now, not after training
     run_dir = rundir.prepare_output_dir(config) if main else Path(str(config.output_dir))
     if main:
         rundir.write_config(run_dir, config)
@@ -53,14 +60,17 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
                 "lower --learning-rate, add --warmup-steps or --max-grad-norm, or check the data",
             ) from exc
     if result.interrupted_at is not None:
-        where = (
-            f"checkpoint saved at step {result.interrupted_at}"
-            if result.checkpoint
-            else "no checkpoint"
-        )
+        if result.checkpoint is not None:
+            raise Interrupted(
+                f"interrupted by {stop.signal_name}; checkpoint saved at step "
+                f"{result.interrupted_at} in {run_dir}",
+                f"continue with: {resume_command(run_dir)}",
+            )
         raise Interrupted(
-            f"interrupted by {stop.signal_name}; {where} in {run_dir}",
-            f"continue with: lmctl resume {run_dir}",
+            f"interrupted by {stop.signal_name} at step {result.interrupted_at}; "
+            f"no checkpoint was saved in {run_dir}",
+            f"start again with: lmctl train {config.objective} --config "
+            f"{run_dir / rundir.CONFIG_FILE} --overwrite-output-dir",
         )
     if not main:
         return {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": {}}
@@ -80,4 +90,7 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         engine=config.engine,
         resumed=result.resumed_from is not None,
     )
-    return {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": results}
+    outcome = {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": results}
+    if publication is not None:
+        outcome["push"] = publication.push(run_dir)
+    return outcome

@@ -17,7 +17,6 @@ import hashlib
 import logging
 import math
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -400,6 +399,12 @@ class AccelerateRun:
             if stepped and config.save_strategy == "epoch":
                 self.save_checkpoint()
             epoch, batches_done = epoch + 1, 0
+        if checkpoint is not None and not self._session_steps:
+            # Resumed right at the end: no step was left, so there are no new training metrics.
+            self.console.info("the checkpoint was already at the last step; finishing the run")
+            self.reporter.end()
+            self._save_model()
+            return EngineResult(global_step=state.global_step, resumed_from=checkpoint)
         train_metrics = self._train_metrics()
         self.reporter.end()
         self._save_model()
@@ -690,11 +695,9 @@ class AccelerateRun:
         every process), the model config and tokenizer (so the folder loads with
         ``from_pretrained``), then ``trainer_state.json`` with the data position, last.
 
-        Written under a temporary name and renamed into place, so a crash never leaves a
-        half-written checkpoint that looks complete.
+        Every process writes into one staging folder that is renamed into place once complete,
+        so a crash never leaves a half-written checkpoint that looks complete.
         """
-        from accelerate.utils import broadcast_object_list
-
         acc, state = self.accelerator, self.state
         self._update_totals()
         epoch, batches_done = self._position
@@ -704,20 +707,20 @@ class AccelerateRun:
         extra[DATA_POSITION] = {"epoch": epoch, "batches_done": batches_done}
         state.stateful_callbacks = extra
         final = self.run_dir / f"checkpoint-{state.global_step}"
-        with rundir.atomic_dir(final) if self.is_main else nullcontext(None) as staging:
-            path = Path(broadcast_object_list([str(staging)])[0])
-            acc.save_state(str(path))
-            if self.is_main:
-                self._unwrapped().config.save_pretrained(path)
-                self._save_generation_config(path)
-                self.prepared.tokenizer.save_pretrained(path)
-            acc.wait_for_everyone()
-            if self.is_main:
-                state.save_to_json(str(path / rundir.STATE_FILE))
+        staging = rundir.staging_dir(final, owner="accelerate")
+        if self.is_main:
+            rundir.begin_staging(final, owner="accelerate")
         acc.wait_for_everyone()
-        limit = self.config.save_total_limit
-        if self.is_main and limit:
-            rundir.prune_checkpoints(self.run_dir, limit)
+        acc.save_state(str(staging))
+        acc.wait_for_everyone()
+        if self.is_main:
+            self._unwrapped().config.save_pretrained(staging)
+            self._save_generation_config(staging)
+            self.prepared.tokenizer.save_pretrained(staging)
+            state.save_to_json(str(staging / rundir.STATE_FILE))
+            rundir.commit_dir(staging, final)
+            rundir.rotate_checkpoints(self.run_dir, self.config.save_total_limit)
+        acc.wait_for_everyone()
         return final
 
     def _restore(self, checkpoint: str) -> tuple[int, int]:

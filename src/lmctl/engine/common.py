@@ -95,7 +95,10 @@ def resolve_resume(config: TrainConfig, run_dir: Path, console: Console) -> str 
         return None
     if config.resume_from_checkpoint != "auto":
         return config.resume_from_checkpoint
-    latest = rundir.latest_checkpoint(run_dir)
+    skipped: list[tuple[Path, str]] = []
+    latest = rundir.latest_checkpoint(run_dir, skipped)
+    for checkpoint, problem in skipped:
+        console.warn(f"skipping {checkpoint}: {problem}")
     if latest is None:
         console.info(f"no checkpoint in {run_dir} yet: starting from step 0")
         return None

@@ -41,7 +41,9 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         "eval_steps": config.eval_steps,
         "save_strategy": config.save_strategy,
         "save_steps": config.save_steps,
-        "save_total_limit": config.save_total_limit,
+        # Rotation is lmctl's own (see LmctlTrainer._save_checkpoint): the Trainer's would
+        # delete the newest checkpoint at the end of a run with --save-total-limit 1.
+        "save_total_limit": None,
         "report_to": config.report_to or "none",
         "do_train": config.do_train,
         "do_eval": config.do_eval,
@@ -72,11 +74,89 @@ def _has_accelerator() -> bool:
 def _make_trainer_class() -> type:
     import torch
     from transformers import Trainer
+    from transformers.trainer_callback import ExportableState
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    from lmctl import rundir
 
     class LmctlTrainer(Trainer):
-        """Stops on a non-finite loss and evaluates with the objective's eval collator."""
+        """Stops on a non-finite loss, evaluates with the objective's eval collator, and
+        writes checkpoints atomically."""
 
         eval_collator: Any = None
+        save_total_limit: int | None = None
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # The Trainer normalises the loss by a label count that it takes over labels[1:]
+            # only when the model class names its loss type; GPT-2's *LMHeadModel does not,
+            # yet falls back to the shifting causal-LM loss, so eval_loss (and perplexity)
+            # came out (L-1)/L too low. Count what the loss actually averages over.
+            from transformers.loss.loss_utils import ForCausalLMLoss
+
+            model = self.accelerator.unwrap_model(self.model)
+            if (
+                getattr(model, "loss_type", "") is None
+                and getattr(model, "loss_function", None) is ForCausalLMLoss
+                and not getattr(model.config, "is_encoder_decoder", False)
+            ):
+                self._loss_shifts_labels = True
+
+        def _init_training_state(self, max_steps: int, *args: Any, **kwargs: Any) -> Any:
+            trained = super()._init_training_state(max_steps, *args, **kwargs)
+            # A restored state keeps the logging, eval and save intervals it was saved with;
+            # a resumed run uses the current ones ('lmctl resume --save-steps' may change them).
+            self.state.compute_steps(self.args, max_steps)
+            return trained
+
+        def _save_checkpoint(self, model: Any, trial: Any) -> None:
+            """The Trainer's checkpoint, written into a staging folder that is renamed into
+            place once complete (trainer state last), then lmctl's rotation."""
+            if self.hp_search_backend is None and trial is None:
+                self.store_flos()
+            run_dir = Path(self._get_output_dir(trial=trial))
+            final = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            # Every process writes its part (RNG state, shards) into the same staging folder.
+            staging = rundir.staging_dir(final, owner="trainer")
+            if self.args.should_save:
+                rundir.begin_staging(final, owner="trainer")
+            self.accelerator.wait_for_everyone()
+            self.save_model(str(staging), _internal_call=True)
+            best_step = self.state.best_global_step
+            if best_step and self.args.save_strategy != "no":
+                best = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{best_step}"
+                if best_step == self.state.global_step or best.is_dir():
+                    self.state.best_model_checkpoint = str(best)
+            if not self.args.save_only_model:
+                self._save_optimizer_and_scheduler(str(staging))
+                self._save_scaler(str(staging))
+                self._save_rng_state(str(staging))
+            self.accelerator.wait_for_everyone()
+            if self.args.should_save:
+                exportable = [
+                    cb
+                    for cb in [*self.callback_handler.callbacks, self.control]
+                    if isinstance(cb, ExportableState)
+                ]
+                stateful: Any = self.state.stateful_callbacks
+                for cb in exportable:
+                    name = cb.__class__.__name__
+                    if isinstance(stateful.get(name), list):
+                        stateful[name].append(cb.state())
+                    else:
+                        stateful[name] = cb.state()
+                self.state.save_to_json(str(staging / rundir.STATE_FILE))
+                rundir.commit_dir(staging, final)
+            self.accelerator.wait_for_everyone()
+            if self.args.push_to_hub:
+                self._push_from_checkpoint(str(final))
+            if self.args.should_save:
+                best_checkpoint = self.state.best_model_checkpoint
+                rundir.rotate_checkpoints(
+                    run_dir,
+                    self.save_total_limit,
+                    protect=[Path(best_checkpoint)] if best_checkpoint else [],
+                )
 
         def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
             loss = super().training_step(model, inputs, num_items_in_batch)
@@ -144,6 +224,7 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
         callbacks=[_callback_class()(reporter)],
     )
     trainer.eval_collator = prepared.eval_collator
+    trainer.save_total_limit = config.save_total_limit
     trainer.remove_callback(PrinterCallback)
 
     result = EngineResult()
@@ -155,8 +236,13 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
             result.interrupted_at = trainer.state.global_step
             result.checkpoint = rundir.latest_checkpoint(prepared.run_dir)
             return result
-        result.train_metrics = dict(output.metrics)
-        result.train_metrics["train_samples"] = len(prepared.train_dataset or [])
+        if checkpoint is not None and trainer.state.global_step <= _step_of(checkpoint):
+            # Interrupted right at the end: nothing was left to train, so there are no new
+            # training metrics (the Trainer would report a loss of 0).
+            console.info("the checkpoint was already at the last step; finishing the run")
+        else:
+            result.train_metrics = dict(output.metrics)
+            result.train_metrics["train_samples"] = len(prepared.train_dataset or [])
         trainer.save_model()
         trainer.save_state()
     if config.do_eval:
@@ -166,3 +252,12 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
             prepared.tokenizer.save_pretrained(prepared.run_dir)
     result.global_step = trainer.state.global_step
     return result
+
+
+def _step_of(checkpoint: str) -> int:
+    from lmctl import rundir
+
+    try:
+        return rundir.checkpoint_step(Path(checkpoint))
+    except ValueError:
+        return -1

@@ -1,0 +1,141 @@
+"""``lmctl resume RUN_DIR``: continue a run from its newest complete checkpoint.
+
+The visible flags are the overrides a resumed run accepts (declared once, on the config
+fields). Every other training flag still parses, hidden, so that giving one is refused with
+a message that names it instead of a bare "no such option".
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import BaseModel
+
+from lmctl.cli.options import DryRunOpt, JsonOpt, NoProgressOpt, QuietOpt
+from lmctl.cli.params import config_parameters, given, given_flags, union_fields, with_signature
+from lmctl.cli.runner import run_command
+from lmctl.config.base import TrainConfig
+from lmctl.console import Console, OutputOptions
+from lmctl.objectives import OBJECTIVES, get_objective
+from lmctl.resume import RESUME_OVERRIDES
+
+HELP = """Continue an interrupted or finished run from its newest complete checkpoint.
+
+The run's saved config (RUN_DIR/lmctl.yaml) is used as is: model, optimizer, scheduler,
+random states and the data position are restored from the checkpoint, and training goes on
+to the configured end. A half-written or corrupted checkpoint is skipped with a warning.
+Only the options below may change; the objective, model, tokenizer, data, preprocessing and
+optimisation are fixed by the run (exit code 2 if you try).
+
+Continue an interrupted run:
+
+    lmctl resume runs/clm-20250101-120000
+
+Extend a finished run to 2000 steps, saving every 200:
+
+    lmctl resume runs/clm-20250101-120000 --max-steps 2000 --save-steps 200
+"""
+
+RunDirArg = Annotated[
+    str,
+    typer.Argument(
+        help="Run directory written by 'lmctl train' (its --output-dir).",
+        metavar="RUN_DIR",
+        show_default=False,
+    ),
+]
+
+
+def _fixed_fields() -> dict[str, type[BaseModel]]:
+    models: list[type[BaseModel]] = [
+        TrainConfig,
+        *(get_objective(name).config_class for name in OBJECTIVES),
+    ]
+    return {
+        name: model for name, model in union_fields(models).items() if name not in RESUME_OVERRIDES
+    }
+
+
+def _parameters() -> list[inspect.Parameter]:
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [
+        inspect.Parameter("run_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=RunDirArg)
+    ]
+    params += config_parameters(TrainConfig, only=RESUME_OVERRIDES, show_defaults=False)
+    for name, model in _fixed_fields().items():
+        params += config_parameters(model, only=(name,), hidden=True)
+    hidden_config = Annotated[str | None, typer.Option("--config", "-c", hidden=True)]
+    params += [
+        inspect.Parameter("config_file", kw, default=None, annotation=hidden_config),
+        inspect.Parameter("json_output", kw, default=False, annotation=JsonOpt),
+        inspect.Parameter("quiet", kw, default=False, annotation=QuietOpt),
+        inspect.Parameter("no_progress", kw, default=False, annotation=NoProgressOpt),
+        inspect.Parameter("dry_run", kw, default=False, annotation=DryRunOpt),
+    ]
+    return params
+
+
+def _command(run_dir: str, **values: Any) -> None:
+    output = OutputOptions(
+        json=values.pop("json_output"),
+        quiet=values.pop("quiet"),
+        no_progress=values.pop("no_progress"),
+    )
+    dry_run = values.pop("dry_run")
+    forbidden = given_flags(values, list(_fixed_fields()))
+    if values.pop("config_file") is not None:
+        forbidden.insert(0, "--config")
+    overrides = {
+        name: value
+        for name, value in given(values, TrainConfig).items()
+        if name in RESUME_OVERRIDES
+    }
+    run_command(
+        lambda console: run_resume(Path(run_dir), overrides, forbidden, dry_run, console),
+        output,
+        "resume",
+    )
+
+
+def run_resume(
+    run_dir: Path,
+    overrides: dict[str, Any],
+    forbidden: list[str],
+    dry_run: bool,
+    console: Console,
+) -> dict[str, Any]:
+    from lmctl import rundir
+    from lmctl.resume import plan_resume, refuse_fixed_options
+
+    refuse_fixed_options(forbidden, str(run_dir))
+    plan = plan_resume(run_dir, overrides, console)
+    if dry_run:
+        described = plan.describe()
+        if not console.options.json:
+            import yaml
+
+            sys.stdout.write(yaml.safe_dump(described, sort_keys=False))
+        return {"dry_run": True, **described}
+    console.info(f"resuming {run_dir} from {plan.checkpoint.name} (step {plan.step})")
+    rundir.append_metrics(
+        run_dir, {"event": "resume", "step": plan.step, "checkpoint": plan.checkpoint.name}
+    )
+    from lmctl.cli.train import headline
+    from lmctl.engine import train
+
+    result = train(plan.config, plan.objective, console)
+    console.summary(f"lmctl resume: {result['output_dir']}", headline(result["metrics"]))
+    return {"resumed_from": str(plan.checkpoint), **result}
+
+
+def register(app: typer.Typer) -> None:
+    command = with_signature(_command, _parameters(), HELP)
+    app.command(
+        "resume",
+        help=HELP,
+        short_help="Continue an interrupted or finished run from its newest checkpoint.",
+    )(command)

@@ -1,0 +1,220 @@
+"""Continuing a run: its saved config, its newest complete checkpoint, and what may change.
+
+``lmctl resume RUN_DIR`` re-reads ``RUN_DIR/lmctl.yaml`` and continues from the newest
+complete checkpoint (a half-written or corrupted one is skipped with a warning). Only options
+that cannot silently change what the run learns may be overridden; everything else is fixed
+by the run. Light: nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmctl import rundir
+from lmctl.config.fields import flag_name
+from lmctl.errors import ConfigError
+from lmctl.objectives import OBJECTIVES, get_objective
+
+if TYPE_CHECKING:
+    from lmctl.config.base import TrainConfig
+    from lmctl.console import Console
+    from lmctl.objectives.base import Objective
+
+#: Options a resumed run may change: its length, how often it saves, logs and evaluates, and
+#: where it reports. Anything else (objective, model, tokenizer, data, preprocessing,
+#: optimisation, seed, engine) would make the continued run a different one.
+RESUME_OVERRIDES = (
+    "max_steps",
+    "num_train_epochs",
+    "save_strategy",
+    "save_steps",
+    "save_total_limit",
+    "logging_steps",
+    "eval_strategy",
+    "eval_steps",
+    "do_eval",
+    "per_device_eval_batch_size",
+    "report_to",
+)
+
+
+@dataclass
+class ResumePlan:
+    run_dir: Path
+    objective: Objective
+    config: TrainConfig
+    checkpoint: Path
+    step: int
+
+    def describe(self) -> dict[str, Any]:
+        from lmctl.config.loader import dump_config
+
+        return {
+            "run_dir": str(self.run_dir),
+            "checkpoint": str(self.checkpoint),
+            "step": self.step,
+            "config": {"objective": self.objective.name, **dump_config(self.config)},
+        }
+
+
+def resume_command(run_dir: Path | str) -> str:
+    """The exact command that continues ``run_dir``."""
+    return f"lmctl resume {shlex.quote(str(run_dir))}"
+
+
+def refuse_fixed_options(forbidden: list[str], run_dir: str) -> None:
+    """Options that would change the run are refused before anything is read."""
+    if not forbidden:
+        return
+    if "--config" in forbidden:
+        raise ConfigError(
+            f"--config can't be given to resume: the run's config is {run_dir}/"
+            f"{rundir.CONFIG_FILE}",
+            "drop --config; change the run's length or saving with the flags in "
+            "'lmctl resume --help'",
+        )
+    objective = _saved_objective(Path(run_dir)) or "<objective>"
+    allowed = ", ".join(flag_name(name) for name in RESUME_OVERRIDES)
+    listed = ", ".join(forbidden)
+    verb = "is" if len(forbidden) == 1 else "are"
+    raise ConfigError(
+        f"{listed} {verb} fixed by the run in {run_dir} and can't be changed when resuming "
+        "(the continued run would silently differ from the one its checkpoints came from)",
+        f"resume accepts only {allowed}; to change {listed}, start a new run: "
+        f"lmctl train {objective} --config {Path(run_dir) / rundir.CONFIG_FILE} "
+        f"{forbidden[0]} ... --output-dir NEW_DIR",
+    )
+
+
+def _saved_objective(run_dir: Path) -> str | None:
+    try:
+        value = rundir.read_config(run_dir).get("objective")
+    except ConfigError:
+        return None
+    return value if isinstance(value, str) else None
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """A directory that ``lmctl train`` wrote, or one clear error naming what it is instead."""
+    if not run_dir.exists():
+        raise ConfigError(f"{run_dir}: no such directory", "give the run directory to resume")
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir}: not a directory", "give the run directory to resume")
+    if (run_dir / rundir.CONFIG_FILE).is_file():
+        return
+    parent = run_dir.resolve().parent
+    if rundir.CHECKPOINT_PATTERN.match(run_dir.name) and (parent / rundir.CONFIG_FILE).is_file():
+        raise ConfigError(
+            f"{run_dir} is a checkpoint, not a run directory",
+            f"resume its run: {resume_command(parent)} (the newest complete checkpoint is used)",
+        )
+    raise ConfigError(
+        f"{run_dir} is not an lmctl run directory (it has no {rundir.CONFIG_FILE})",
+        "give the --output-dir of an 'lmctl train' run",
+    )
+
+
+def find_checkpoint(run_dir: Path, console: Console) -> Path:
+    """The newest complete checkpoint; leftovers of killed saves are removed with a warning."""
+    for leftover in rundir.discard_staging(run_dir):
+        console.warn(f"removed {leftover.name}: a checkpoint save that did not finish")
+    skipped: list[tuple[Path, str]] = []
+    checkpoint = rundir.latest_checkpoint(run_dir, skipped)
+    for path, problem in skipped:
+        console.warn(f"skipping {path.name}: incomplete or corrupted ({problem})")
+    if checkpoint is None:
+        objective = _saved_objective(run_dir) or "<objective>"
+        found = "" if not skipped else f" ({len(skipped)} unusable, see the warnings)"
+        raise ConfigError(
+            f"{run_dir} has no complete checkpoint to resume from{found}",
+            "the run stopped before its first checkpoint (--save-steps); start it again with "
+            f"lmctl train {objective} --config {run_dir / rundir.CONFIG_FILE} "
+            "--overwrite-output-dir",
+        )
+    return checkpoint
+
+
+def plan_resume(run_dir: Path, overrides: dict[str, Any], console: Console) -> ResumePlan:
+    """Validate everything about a resume before any heavy work."""
+    from lmctl.config.loader import build_config
+
+    check_run_dir(run_dir)
+    config_file = run_dir / rundir.CONFIG_FILE
+    saved = rundir.read_config(run_dir)
+    name = saved.get("objective")
+    if name not in OBJECTIVES:
+        raise ConfigError(
+            f"{config_file}: unknown objective {name!r}",
+            "this run was written by another lmctl version; known: " + ", ".join(OBJECTIVES),
+        )
+    objective = get_objective(name)
+    checkpoint = find_checkpoint(run_dir, console)
+    config = build_config(
+        objective.config_class,
+        cli_values={
+            **overrides,
+            "output_dir": str(run_dir),
+            "resume_from_checkpoint": str(checkpoint),
+        },
+        config_file=str(config_file),
+        objective=name,
+    )
+    step = rundir.checkpoint_step(checkpoint)
+    state = rundir.read_checkpoint_state(checkpoint)
+    _check_there_is_more_to_do(config, overrides, state, step, run_dir)
+    return ResumePlan(run_dir, objective, config, checkpoint, step)
+
+
+def _finished_at(run_dir: Path) -> int | None:
+    """The step at which the run last finished (its final state is saved beside the model)."""
+    try:
+        state = rundir.read_checkpoint_state(run_dir)
+    except (OSError, ValueError):
+        return None
+    step = state.get("global_step")
+    return step if isinstance(step, int) else None
+
+
+def _check_there_is_more_to_do(
+    config: TrainConfig,
+    overrides: dict[str, Any],
+    state: dict[str, Any],
+    step: int,
+    run_dir: Path,
+) -> None:
+    """Refuse a resume that would train no step: a finished run without a longer target."""
+    extend = f"extend it with --max-steps N (more than {step})"
+    if config.max_steps is None:
+        extend += " or --num-train-epochs N"
+    if "max_steps" in overrides and config.max_steps is not None and config.max_steps <= step:
+        raise ConfigError(
+            f"--max-steps {config.max_steps}: the run is already at step {step}",
+            f"give more than {step} steps",
+        )
+    if "num_train_epochs" in overrides and config.max_steps is not None:
+        raise ConfigError(
+            f"--num-train-epochs has no effect: the run is bounded by --max-steps "
+            f"{config.max_steps}",
+            f"extend it with --max-steps N (more than {step})",
+        )
+    planned = state.get("max_steps")
+    if not isinstance(planned, int) or step < planned or _finished_at(run_dir) != step:
+        return
+    if "max_steps" in overrides:
+        return
+    if "num_train_epochs" in overrides:
+        before = state.get("num_train_epochs")
+        if isinstance(before, (int, float)) and config.num_train_epochs <= before:
+            raise ConfigError(
+                f"--num-train-epochs {config.num_train_epochs:g}: the run already finished "
+                f"{before:g} epochs",
+                f"give more than {before:g} epochs",
+            )
+        return
+    raise ConfigError(
+        f"nothing to resume: the run finished at step {step} of {planned}",
+        f"{extend}; or evaluate it with lmctl eval {shlex.quote(str(run_dir))}",
+    )

@@ -1,0 +1,432 @@
+"""Models and data outside the local disk: the Hugging Face Hub and fsspec object stores.
+
+A location is a local path, ``file:///abs/path``, ``hf://NAMESPACE/REPO`` (the Hub) or any
+fsspec URL (``s3://bucket/prefix``, ``gs://``, ``oss://``, ``hdfs://``, ...). Protocol
+packages are optional extras; a missing one is reported with the extra to install. Any
+filesystem registered with fsspec (``fsspec.register_implementation``) works here too.
+
+Remote reads go through :func:`localize`, which fetches a file or a model directory into a
+local cache keyed by the URL and checks each object's etag (or modification time) and size,
+so a second run does not download again. Credentials come from the provider's usual places
+(environment variables, its config files, instance roles) and fsspec's own configuration
+(``FSSPEC_<PROTOCOL>_<OPTION>`` variables); lmctl never takes them from the URL.
+
+This module is light: fsspec and the protocol packages are imported only when used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from lmctl import hub
+from lmctl.config.base import is_remote, local_path
+from lmctl.errors import ConfigError, LmctlError, PermissionDenied, RemoteUnreachable
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+HUB_PROTOCOL = "hf"
+MANIFEST = "lmctl-manifest.json"
+
+#: protocol -> (lmctl extra, package that provides it)
+EXTRAS: dict[str, tuple[str, str]] = {
+    "s3": ("s3", "s3fs"),
+    "s3a": ("s3", "s3fs"),
+    "gs": ("gcs", "gcsfs"),
+    "gcs": ("gcs", "gcsfs"),
+    "oss": ("oss", "ossfs"),
+    "hdfs": ("hdfs", "pyarrow"),
+}
+#: Stores with a flat key space: no directories to create, and creating one may create a bucket.
+OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "oss", "az", "abfs", "abfss"})
+_BUCKETED = frozenset({"s3", "s3a", "gs", "gcs", "oss"})
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_HINT_FORMS = "write it as hf://NAMESPACE/REPO, s3://BUCKET/PREFIX, gs://..., oss://..., "
+_HINT_FORMS += "hdfs://... or file:///ABSOLUTE/PATH"
+# Connection errors of botocore, aiohttp and fsspec that mean "could not reach the endpoint".
+_NETWORK_ERRORS = frozenset(
+    {
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ConnectionClosedError",
+        "ClientConnectorError",
+        "ServerTimeoutError",
+        "FSTimeoutError",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Location:
+    """A parsed remote location; ``path`` is the part after ``protocol://``, no trailing slash."""
+
+    url: str
+    protocol: str
+    path: str
+
+    @property
+    def is_hub(self) -> bool:
+        return self.protocol == HUB_PROTOCOL
+
+    @property
+    def repo_id(self) -> str:
+        return self.path
+
+
+def parse_location(text: str, flag: str, *, destination: bool = True) -> Location:
+    """Check the shape of a URL without touching the network.
+
+    A Hub destination is a repository (``hf://NAMESPACE/REPO``); a Hub source may be any file
+    path that ``huggingface_hub``'s filesystem understands. Raises :class:`ConfigError`
+    (exit 2) naming ``flag`` for a malformed URL.
+    """
+    match = _URL.match(text.strip())
+    if not match:
+        raise ConfigError(f"{flag} {text!r}: not a URL (no protocol://)", _HINT_FORMS)
+    protocol, rest = match.group(1).lower(), match.group(2)
+    if protocol == "file":
+        if not rest.startswith("/"):
+            raise ConfigError(
+                f"{flag} {text}: a file URL needs an absolute path", "write file:///ABSOLUTE/PATH"
+            )
+        return Location(text, protocol, rest.rstrip("/") or "/")
+    if urlsplit(text).password is not None:
+        raise ConfigError(
+            f"{flag}: credentials in the URL are not accepted",
+            "remove them from the URL; use the provider's environment variables or config files",
+        )
+    path = rest.rstrip("/")
+    segments = path.split("/") if path else []
+    if not segments or any(part in ("", ".", "..") for part in segments[1:]):
+        raise ConfigError(f"{flag} {text}: empty or malformed path", _HINT_FORMS)
+    if protocol == HUB_PROTOCOL and destination:
+        if len(segments) != 2 or not all(_HUB_NAME.match(part) for part in segments):
+            raise ConfigError(
+                f"{flag} {text}: a Hub destination is hf://NAMESPACE/REPO",
+                "e.g. hf://my-user/my-model (letters, digits, '-', '_' and '.')",
+            )
+        if any("--" in part or ".." in part for part in segments):
+            raise ConfigError(
+                f"{flag} {text}: '--' and '..' are not allowed in Hub repository names",
+                "choose another repository name",
+            )
+    elif protocol in _BUCKETED and not _BUCKET.match(segments[0]):
+        raise ConfigError(
+            f"{flag} {text}: '{segments[0]}' is not a valid bucket name",
+            "bucket names are 3-63 lowercase letters, digits, '.', '-' (and '_' on GCS)",
+        )
+    return Location(text, protocol, path)
+
+
+def filesystem_class(protocol: str, where: str) -> type[AbstractFileSystem]:
+    """The fsspec filesystem for ``protocol``; a missing package names the extra to install."""
+    import fsspec
+
+    try:
+        return fsspec.get_filesystem_class(protocol)
+    except ImportError as exc:
+        extra, package = EXTRAS.get(protocol, (None, None))
+        install = f"pip install 'lmctl[{extra}]'" if extra else "install its fsspec package"
+        raise ConfigError(
+            f"{where}: {protocol}:// needs the {package or 'protocol'} package, which is not "
+            "installed",
+            f"{install} (or pip install {package})" if package else install,
+        ) from exc
+    except ValueError as exc:
+        raise ConfigError(
+            f"{where}: unknown storage protocol '{protocol}://'",
+            "use hf://, s3://, gs://, oss://, hdfs:// or file:///, or register an fsspec "
+            "filesystem for it (fsspec.register_implementation)",
+        ) from exc
+
+
+def _fail_fast_options(protocol: str) -> dict[str, Any]:
+    """Storage options that make a first probe fail in seconds instead of retrying for long."""
+    if protocol not in ("s3", "s3a"):
+        return {}
+    import fsspec.config
+
+    configured = dict(fsspec.config.conf.get(protocol, {}).get("config_kwargs", {}))
+    return {
+        "config_kwargs": {
+            **configured,
+            "retries": {"max_attempts": 1, "mode": "standard"},
+            "connect_timeout": 5,
+        }
+    }
+
+
+def open_location(location: Location, *, fail_fast: bool = False) -> tuple[AbstractFileSystem, str]:
+    """The filesystem and the root path inside it for an fsspec location."""
+    from fsspec.core import url_to_fs
+
+    filesystem_class(location.protocol, location.url)
+    options = _fail_fast_options(location.protocol) if fail_fast else {}
+    if fail_fast:
+        options["skip_instance_cache"] = True
+    try:
+        fs, root = url_to_fs(location.url, **options)
+    except Exception as exc:
+        raise failure(exc, location.url) from exc
+    return fs, root.rstrip("/") or "/"
+
+
+def failure(exc: BaseException, where: str) -> LmctlError:
+    """Turn a storage exception into lmctl's error with its exit code; re-raise unknown ones."""
+    if isinstance(exc, LmctlError):
+        return exc
+    detail = _first_line(exc)
+    if _is_network_error(exc):
+        return RemoteUnreachable(
+            f"{where}: the storage endpoint could not be reached ({detail})",
+            "check the network and the endpoint setting (e.g. AWS_ENDPOINT_URL), then rerun; "
+            "an interrupted push resumes where it stopped",
+        )
+    names = _chain_names(exc)
+    if isinstance(exc, PermissionError) or names & {
+        "NoCredentialsError",
+        "PartialCredentialsError",
+        "CredentialRetrievalError",
+        "DefaultCredentialsError",
+    }:
+        return PermissionDenied(
+            f"{where}: permission denied or credentials rejected ({detail})",
+            "check the credentials (provider environment variables or config files) and that "
+            "they allow this operation here",
+        )
+    if isinstance(exc, FileNotFoundError):
+        return ConfigError(
+            f"{where}: not found ({detail})", "check the bucket and path; buckets must exist"
+        )
+    raise exc
+
+
+def _is_network_error(exc: BaseException) -> bool:
+    return hub.is_connection_error(exc) or bool(_chain_names(exc) & _NETWORK_ERRORS)
+
+
+def _chain_names(exc: BaseException) -> set[str]:
+    names: set[str] = set()
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        names.update(cls.__name__ for cls in type(current).__mro__)
+        current = current.__cause__ or current.__context__
+    return names
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else type(exc).__name__
+
+
+# Checksums ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Digests:
+    sha256: str
+    md5: str
+
+
+def file_digests(path: Path) -> Digests:
+    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            sha.update(chunk)
+            md5.update(chunk)
+    return Digests(sha.hexdigest(), md5.hexdigest())
+
+
+def remote_md5(info: dict[str, Any]) -> str | None:
+    """The object's MD5 when the store reports one reliably (S3/OSS single-part ETag, GCS)."""
+    etag = info.get("ETag") or info.get("etag")
+    if isinstance(etag, str):
+        value = etag.strip('"').lower()
+        if re.fullmatch(r"[0-9a-f]{32}", value):
+            return value
+    md5_b64 = info.get("md5Hash")
+    if isinstance(md5_b64, str):
+        import base64
+
+        try:
+            return base64.b64decode(md5_b64).hex()
+        except ValueError:
+            return None
+    return None
+
+
+def remote_sha256(fs: AbstractFileSystem, path: str) -> str:
+    sha = hashlib.sha256()
+    with fs.open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def object_matches(fs: AbstractFileSystem, path: str, size: int, digests: Digests) -> bool:
+    """Whether ``path`` holds exactly this content: size, then MD5 or a read-back SHA-256."""
+    fs.invalidate_cache(path)
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        return False
+    if info.get("type") != "file" or info.get("size") != size:
+        return False
+    md5 = remote_md5(info)
+    if md5 is not None:
+        return md5 == digests.md5
+    return remote_sha256(fs, path) == digests.sha256
+
+
+# Remote reads ---------------------------------------------------------------------------
+
+
+def cache_root() -> Path:
+    """Where remote files are cached: $LMCTL_CACHE_DIR, else ~/.cache/lmctl (XDG aware)."""
+    configured = os.environ.get("LMCTL_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(xdg).expanduser() / "lmctl"
+
+
+_RECORD = ".lmctl-remote.json"
+_CHECKPOINT_DIR = re.compile(r"(^|/)checkpoint-\d+/")
+
+
+def localize(location: str, flag: str | None = None) -> Path:
+    """A local path for ``location``; remote files and model directories are fetched first.
+
+    Local paths (and ``file://`` URLs) come back unchanged. A remote directory is fetched
+    whole (``checkpoint-*`` folders are skipped); when it holds an ``lmctl-manifest.json``
+    (written by ``lmctl push``), only the files it lists are fetched and each one's SHA-256 is
+    checked. Fetched files live under ``cache_root()/remote/<hash of the URL>/`` and are
+    fetched again only when their etag (or modification time) or size changed.
+    """
+    if not is_remote(location):
+        return local_path(location)
+    return _localize_remote(location.rstrip("/"), flag or location)
+
+
+@cache
+def _localize_remote(url: str, where: str) -> Path:
+    location = parse_location(url, where, destination=False)
+    if location.is_hub:
+        hub.require_hub(where)
+    fs, root = open_location(location)
+    try:
+        wanted, is_dir = _remote_listing(fs, root)
+    except Exception as exc:
+        raise failure(exc, where) from exc
+    target = cache_root() / "remote" / hashlib.sha256(url.encode()).hexdigest()[:24]
+    target.mkdir(parents=True, exist_ok=True)
+    record_path = target / _RECORD
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, ValueError):
+        record = {}
+    known: dict[str, Any] = record.get("files", {}) if record.get("url") == url else {}
+    files: dict[str, Any] = {}
+    for rel, (remote_path, identity, sha256) in wanted.items():
+        local = target / rel
+        if known.get(rel) == identity and identity.get("version") and local.is_file():
+            files[rel] = identity
+            continue
+        try:
+            _download(fs, remote_path, local, sha256, where)
+        except Exception as exc:
+            raise failure(exc, where) from exc
+        files[rel] = identity
+    tmp = record_path.with_name(f"{_RECORD}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"url": url, "files": files}, indent=1, sort_keys=True))
+    os.replace(tmp, record_path)
+    if is_dir:
+        return target
+    return target / next(iter(wanted))
+
+
+def _remote_listing(
+    fs: AbstractFileSystem, root: str
+) -> tuple[dict[str, tuple[str, dict[str, Any], str | None]], bool]:
+    """``{relative path: (remote path, identity, expected sha256)}`` and whether it is a dir."""
+    info = fs.info(root)
+    if info.get("type") != "directory":
+        return {root.rsplit("/", 1)[-1]: (root, _identity(info), None)}, False
+    found = fs.find(root, detail=True)
+    prefix = root.rstrip("/") + "/"
+    entries = {
+        name[len(prefix) :]: detail
+        for name, detail in found.items()
+        if name.startswith(prefix) and detail.get("type") == "file"
+    }
+    manifest = None
+    if MANIFEST in entries:
+        with fs.open(prefix + MANIFEST, "rb") as handle:
+            manifest = json.loads(handle.read())
+    if manifest is not None:
+        listed = {item["path"]: item.get("sha256") for item in manifest.get("files", [])}
+    else:
+        listed = {
+            rel: None
+            for rel in entries
+            if not _CHECKPOINT_DIR.search(rel) and not rel.split("/")[-1].startswith(".")
+        }
+    missing = sorted(rel for rel in listed if rel not in entries)
+    if missing:
+        raise ConfigError(
+            f"{prefix}: {MANIFEST} lists files that are not there: {', '.join(missing[:5])}",
+            "push the model again with 'lmctl push'",
+        )
+    if not listed:
+        raise ConfigError(f"{root}: the directory is empty", "check the URL")
+    wanted = {
+        rel: (prefix + rel, _identity(entries[rel]), sha256) for rel, sha256 in listed.items()
+    }
+    return wanted, True
+
+
+def _identity(info: dict[str, Any]) -> dict[str, Any]:
+    """What tells a changed object apart: its size and its etag or modification time."""
+    version = None
+    for key in ("ETag", "etag", "md5Hash", "mtime", "LastModified", "last_modified", "updated"):
+        if info.get(key) is not None:
+            version = str(info[key])
+            break
+    return {"size": info.get("size"), "version": version}
+
+
+def _download(
+    fs: AbstractFileSystem, remote: str, local: Path, sha256: str | None, where: str
+) -> None:
+    local.parent.mkdir(parents=True, exist_ok=True)
+    tmp = local.with_name(f".{local.name}.{os.getpid()}.part")
+    try:
+        fs.get_file(remote, str(tmp))
+        if sha256 is not None:
+            got = file_digests(tmp).sha256
+            if got != sha256:
+                raise RemoteUnreachable(
+                    f"{where}: {remote} does not match its checksum in {MANIFEST}",
+                    "the object changed or was damaged in transit; rerun, or push it again",
+                )
+        os.replace(tmp, local)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def forget_fetched() -> None:
+    """Check remote objects again on the next :func:`localize` (the on-disk cache stays)."""
+    _localize_remote.cache_clear()
