@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,34 +85,43 @@ def results(out: Path) -> dict[str, Any]:
     return data
 
 
-def run_until_step(
-    args: list[str], out: Path, step: int, sig: signal.Signals, cwd: Path
+def run_until(
+    args: list[str],
+    ready: Callable[[], bool],
+    sig: signal.Signals,
+    cwd: Path,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Start ``lmctl`` and send ``sig`` as soon as a step >= ``step`` has been logged."""
+    """Start ``lmctl`` and send ``sig`` as soon as ``ready()`` holds."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "lmctl", *args],
         cwd=cwd,
-        env={**os.environ, "CI": "1"},
+        env={**os.environ, "CI": "1", **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    log = out / rundir.METRICS_LOG
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
-        steps = []
-        if log.is_file():
-            for line in log.read_text().splitlines():
-                try:
-                    steps.append(json.loads(line).get("step", 0))
-                except ValueError:  # a line being written
-                    continue
-        if steps and max(steps) >= step:
+        if ready():
             proc.send_signal(sig)
             break
         time.sleep(0.002)
     stdout, stderr = proc.communicate(timeout=300)
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def logged_step(out: Path) -> int:
+    """The highest step in the metrics log so far (0 before the first record)."""
+    steps = [0]
+    log = out / rundir.METRICS_LOG
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            try:
+                steps.append(json.loads(line).get("step", 0))
+            except ValueError:  # a line being written
+                continue
+    return max(steps)
 
 
 @pytest.fixture(scope="module")
@@ -244,11 +254,19 @@ def test_resume_after_a_crash_matches_the_uninterrupted_run(
     out = tmp_path / "crashed"
     args = [*clm_args(bpe_tokenizer, text_files, out, "--checkpointing-steps", "10")]
     args += ["--engine", "accelerate"]
-    killed = run_until_step(args, out, 25, signal.SIGKILL, tmp_path)
+    # Killed in the middle of saving checkpoint-30 (held there by the test hook), after step 25.
+    staging = rundir.staging_dir(out / "checkpoint-30", owner="accelerate")
+    killed = run_until(
+        args,
+        (staging / rundir.STATE_FILE).is_file,
+        signal.SIGKILL,
+        tmp_path,
+        env={rundir.TEST_PAUSE_ENV: "checkpoint-30:120"},
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    assert not (out / "all_results.json").exists(), "the run finished before it was killed"
+    assert staging.is_dir() and not (out / "checkpoint-30").exists()
     latest = rundir.latest_checkpoint(out)
-    assert latest is not None and latest.name in ("checkpoint-20", "checkpoint-30")
+    assert latest is not None and latest.name == "checkpoint-20"
 
     resumed = lmctl(*args, "--resume-from-checkpoint", "auto", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
@@ -270,7 +288,7 @@ def test_sigint_checkpoints_then_resume_continues_exactly(
     out = tmp_path / "stopped"
     args = [*clm_args(bpe_tokenizer, text_files, out, "--checkpointing-steps", "10")]
     args += ["--engine", "accelerate"]
-    stopped = run_until_step(args, out, 15, signal.SIGINT, tmp_path)
+    stopped = run_until(args, lambda: logged_step(out) >= 15, signal.SIGINT, tmp_path)
     assert stopped.returncode == 130, stopped.stderr
     assert "Traceback" not in stopped.stderr
     assert f"lmctl resume {out}" in stopped.stderr
