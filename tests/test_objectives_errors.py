@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,6 +105,17 @@ CASES: dict[str, tuple[dict[str, str], int, tuple[str, ...]]] = {
 }
 
 
+def _run(
+    objective: str,
+    files: dict[str, Path],
+    tokenizer: Path,
+    tmp_path: Path,
+    over: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    over = {"--output-dir": str(tmp_path / "out"), **(over or {})}
+    return lmctl("train", objective, *_args(objective, files, tokenizer, **over), cwd=tmp_path)
+
+
 @pytest.mark.parametrize("objective", ["mlm", "plm", "swag"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_table(
@@ -117,9 +130,7 @@ def test_bad_input_table(
     names = {"kind": kind, "empty": str(files[f"empty.{kind}"])}
     names.update({key: str(path) for key, path in files.items() if "." not in key})
     over = {flag: value.format(**names) for flag, value in over.items()}
-    over.setdefault("--output-dir", str(tmp_path / "out"))
-    proc = lmctl("train", objective, *_args(objective, files, wordpiece_tokenizer, **over),
-                 cwd=tmp_path)  # fmt: skip
+    proc = _run(objective, files, wordpiece_tokenizer, tmp_path, over)
     if objective == "swag" and case == "csv without the text column":
         needles = ("numbers.csv", "no column 'sent1'", "--context-column")
     assert_clean_failure(proc, code, *needles)
@@ -132,24 +143,24 @@ def test_overrides_with_pretrained_model(
     objective: str, tmp_path: Path, files: dict[str, Path]
 ) -> None:
     kind = "jsonl" if objective == "swag" else "txt"
-    proc = lmctl("train", objective, "--model", str(tmp_path), "--config-overrides",
-                 "n_layer=2", "--train-file", str(files[f"train.{kind}"]), cwd=tmp_path)  # fmt: skip
+    train = str(files[f"train.{kind}"])
+    model = ("--model", str(tmp_path), "--config-overrides", "n_layer=2")
+    proc = lmctl("train", objective, *model, "--train-file", train, cwd=tmp_path)
     assert_clean_failure(proc, 2, "--config-overrides can't be used with --model-name-or-path")
 
 
 def test_plm_odd_max_seq_length(
     tmp_path: Path, files: dict[str, Path], wordpiece_tokenizer: Path
 ) -> None:
-    proc = lmctl("train", "plm", *_args("plm", files, wordpiece_tokenizer, **{
-        "--max-seq-length": "63", "--output-dir": str(tmp_path / "out")}), cwd=tmp_path)  # fmt: skip
+    proc = _run("plm", files, wordpiece_tokenizer, tmp_path, {"--max-seq-length": "63"})
     assert_clean_failure(proc, 2, "--max-seq-length 63", "even")
     assert not (tmp_path / "out").exists()  # rejected before anything was written
 
 
 def test_plm_with_a_bert_model(tmp_path: Path, files: dict[str, Path]) -> None:
-    proc = lmctl("train", "plm", "--model", str(minilm_path()), "--train-file",
-                 str(files["train.txt"]), "--output-dir", str(tmp_path / "out"),
-                 cwd=tmp_path)  # fmt: skip
+    model = ("--model", str(minilm_path()))
+    train = ("--train-file", str(files["train.txt"]))
+    proc = lmctl("train", "plm", *model, *train, "-o", str(tmp_path / "out"), cwd=tmp_path)
     assert_clean_failure(proc, 2, "--model-name-or-path", "bert", "XLNet", "--model-type xlnet")
 
 
@@ -166,8 +177,7 @@ def test_plm_with_bert_model_type(
 def test_plm_tokenizer_without_mask_token(
     tmp_path: Path, files: dict[str, Path], bpe_tokenizer: Path
 ) -> None:
-    proc = lmctl("train", "plm", *_args("plm", files, bpe_tokenizer, **{
-        "--output-dir": str(tmp_path / "out")}), cwd=tmp_path)  # fmt: skip
+    proc = _run("plm", files, bpe_tokenizer, tmp_path)
     assert_clean_failure(proc, 2, "--tokenizer-name", "no mask token")
 
 
@@ -183,9 +193,8 @@ def test_mlm_with_a_decoder_only_architecture(
 def test_swag_missing_ending_column(
     tmp_path: Path, files: dict[str, Path], wordpiece_tokenizer: Path
 ) -> None:
-    proc = lmctl("train", "swag", *_args("swag", files, wordpiece_tokenizer, **{
-        "--ending-columns": "ending0,ending1,ending9", "--output-dir": str(tmp_path / "out")}),
-        cwd=tmp_path)  # fmt: skip
+    endings = "ending0,ending1,ending9"
+    proc = _run("swag", files, wordpiece_tokenizer, tmp_path, {"--ending-columns": endings})
     assert_clean_failure(proc, 3, "train.jsonl", "no column 'ending9'", "--ending-columns")
 
 
@@ -196,8 +205,7 @@ def test_swag_label_outside_the_choices_names_the_line(
     records[6]["label"] = 4
     records[9]["label"] = -1
     train = write_jsonl(tmp_path / "bad.jsonl", records)
-    proc = lmctl("train", "swag", *_args("swag", files, wordpiece_tokenizer, **{
-        "--train-file": str(train), "--output-dir": str(tmp_path / "out")}), cwd=tmp_path)  # fmt: skip
+    proc = _run("swag", files, wordpiece_tokenizer, tmp_path, {"--train-file": str(train)})
     assert_clean_failure(proc, 3, "bad.jsonl, line 7", "label 4", "0 to 3", "1 more bad record")
 
 
@@ -215,16 +223,57 @@ def test_swag_missing_ending_value_in_csv_names_the_line(
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
-    proc = lmctl("train", "swag", *_args("swag", files, wordpiece_tokenizer, **{
-        "--train-file": str(train), "--validation-file": str(valid),
-        "--output-dir": str(tmp_path / "out")}), cwd=tmp_path)  # fmt: skip
+    proc = _run(
+        "swag",
+        files,
+        wordpiece_tokenizer,
+        tmp_path,
+        {"--train-file": str(train), "--validation-file": str(valid)},
+    )
     assert_clean_failure(proc, 3, "bad.csv, line 6", "'ending2' is missing")
 
 
 def test_json_error_object_for_every_objective(tmp_path: Path) -> None:
     for objective in ("mlm", "plm", "swag"):
-        proc = lmctl("train", objective, "--model-type", "xlnet", "--train-file", "gone.csv",
-                     "--train-tokenizer", "50", "--json", cwd=tmp_path)  # fmt: skip
+        args = ("--model-type", "xlnet", "--train-file", "gone.csv", "--train-tokenizer", "50")
+        proc = lmctl("train", objective, *args, "--json", cwd=tmp_path)
         assert proc.returncode == 2
         payload = json.loads(proc.stdout)
         assert payload["status"] == "error" and "gone.csv" in payload["error"]
+
+
+@pytest.mark.parametrize("objective", ["mlm", "plm", "swag"])
+def test_help_and_config_errors_import_nothing_heavy(objective: str) -> None:
+    from tests.test_cli_help import _heavy_modules
+
+    for args in (
+        ("train", objective, "--help"),
+        ("train", objective, "--learning-rate", "-1", "--train-file", "x.txt"),
+        ("train", objective, "--model-type", "xlnet", "--train-tokenizer", "9", "--dry-run"),
+    ):
+        heavy, output = _heavy_modules(*args)
+        assert heavy == [], f"{args} imported {heavy}"
+        assert output.strip()
+
+
+@pytest.mark.parametrize(
+    "objective,flags",
+    [
+        ("mlm", ("--line-by-line", "--pad-to-max-length", "--max-seq-length",
+                 "--mlm-probability", "--whole-word-mask", "--import")),
+        ("plm", ("--line-by-line", "--pad-to-max-length", "--max-seq-length",
+                 "--plm-probability", "--max-span-length")),
+        ("swag", ("--context-column", "--question-column", "--ending-columns",
+                  "--label-column", "--max-seq-length", "--pad-to-max-length")),
+    ],
+)  # fmt: skip
+def test_help_lists_the_upstream_options(objective: str, flags: tuple[str, ...]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmctl", "train", objective, "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "250", "TERM": "dumb"},
+    )
+    for flag in flags:
+        assert flag in proc.stdout, flag

@@ -45,7 +45,7 @@ def test_defaults_are_upstream(train: Path) -> None:
 
 
 def test_odd_length_and_other_architectures_rejected_before_work(train: Path) -> None:
-    with pytest.raises(ConfigError, match="--max-seq-length 127: .* even") as info:
+    with pytest.raises(ConfigError, match=r"--max-seq-length 127: .* even") as info:
         _config(train, max_seq_length=127)
     assert "128" in (info.value.hint or "")
     with pytest.raises(ConfigError, match="--model-type bert: plm trains XLNet models only"):

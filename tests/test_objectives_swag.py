@@ -71,7 +71,9 @@ def test_choices_are_encoded_flat_and_regrouped(wordpiece_tokenizer: Path) -> No
     )  # fmt: skip
     assert out["labels"] == [record["label"] for record in records]
     assert [len(choices) for choices in out["input_ids"]] == [3, 3, 3]
-    for record, choices, types in zip(records, out["input_ids"], out["token_type_ids"]):
+    for record, choices, types in zip(
+        records, out["input_ids"], out["token_type_ids"], strict=True
+    ):
         for index, ids in enumerate(choices):
             text = tokenizer.decode(ids)
             assert text.startswith(f"[CLS] {record['sent1']}".replace(" .", "."))

@@ -132,15 +132,15 @@ class Mlm(Objective):
         from transformers import DataCollatorForLanguageModeling
 
         assert isinstance(config, MlmConfig)
-        replace: dict[str, float] = {}
-        if config.whole_word_mask:
-            # What transformers does for whole words anyway, without its warning.
-            replace = {"mask_replace_prob": 1.0, "random_replace_prob": 0.0}
+        # Whole words are always replaced by the mask token (transformers forces it anyway,
+        # with a warning); single tokens keep the usual 80% mask / 10% random / 10% kept.
+        whole = config.whole_word_mask
         masking = DataCollatorForLanguageModeling(
             tokenizer=tokenizer,
             mlm_probability=config.mlm_probability,
-            whole_word_mask=config.whole_word_mask,
-            **replace,
+            whole_word_mask=whole,
+            mask_replace_prob=1.0 if whole else 0.8,
+            random_replace_prob=0.0 if whole else 0.1,
         )
         dynamic = config.line_by_line and not config.pad_to_max_length
         mixed = config.fp16 or config.bf16

@@ -41,7 +41,7 @@ XLNET_HINT = (
 class PlmConfig(LineByLineConfig):
     objective: ClassVar[str] = "plm"
 
-    max_seq_length: int = option(  # type: ignore[assignment]
+    max_seq_length: int = option(
         512,
         "Tokens per sequence, an even number (larger than the tokenizer's maximum: clamped "
         "with a warning). Longer inputs are truncated.",
