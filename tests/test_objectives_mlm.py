@@ -207,6 +207,18 @@ def test_mlm_from_scratch(
     assert "pipeline_tag: fill-mask" in (out / "README.md").read_text()
     assert "max sequence length: 64 tokens" in proc.stderr
 
+    # Evaluating the saved model again, in another process, gives the very same numbers:
+    # evaluation masks are drawn deterministically.
+    again = tmp_path / "again"
+    proc = lmctl(
+        "train", "mlm", "--model", out, "--no-train", "--validation-file", valid,
+        "--max-seq-length", "64", "--output-dir", again, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    evaluated = _results(again)
+    assert evaluated["eval_loss"] == results["eval_loss"]
+    assert evaluated["eval_accuracy"] == results["eval_accuracy"]
+
 
 @pytest.mark.e2e
 def test_mlm_line_by_line_blank_and_long_lines(tmp_path: Path, wordpiece_tokenizer: Path) -> None:

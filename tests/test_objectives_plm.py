@@ -127,6 +127,14 @@ def test_plm_from_scratch_with_its_own_tokenizer(
     card = (out / "README.md").read_text()
     assert "pipeline_tag: text-generation" in card and "permutation-language-modeling" in card
 
+    again = tmp_path / "again"
+    proc = lmctl(
+        "train", "plm", "--model", out, "--no-train", "--validation-file", valid,
+        "--max-seq-length", "64", "--output-dir", again, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert _results(again)["eval_loss"] == results["eval_loss"]  # deterministic permutations
+
 
 @pytest.mark.e2e
 def test_plm_line_by_line_pads_odd_batches(tmp_path: Path, wordpiece_tokenizer: Path) -> None:
