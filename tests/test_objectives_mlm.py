@@ -235,7 +235,7 @@ def test_mlm_line_by_line_blank_and_long_lines(tmp_path: Path, wordpiece_tokeniz
     samples = sum(1 for line in text if line.strip())
     out = tmp_path / "run"
     proc = lmctl(
-        "train", "mlm", *TINY_BERT, "--tokenizer-name", wordpiece_tokenizer,
+        "train", "mlm", *TINY_BERT, "--train-tokenizer", "300",
         "--train-file", train, "--line-by-line", "--max-seq-length", "32",
         "--validation-split-percentage", "10", "--max-steps", "10", "--output-dir", out,
         cwd=tmp_path,
@@ -244,6 +244,8 @@ def test_mlm_line_by_line_blank_and_long_lines(tmp_path: Path, wordpiece_tokeniz
     results = _results(out)
     assert results["train_samples"] + results["eval_samples"] == samples
     assert "blank skipped" in proc.stderr
+    tokenizer = _tokenizer(out)  # the WordPiece tokenizer trained on the data, saved
+    assert tokenizer.tokenize("[CLS] [MASK] [SEP] [PAD]") == ["[CLS]", "[MASK]", "[SEP]", "[PAD]"]
 
 
 @pytest.mark.e2e

@@ -112,6 +112,33 @@ def test_collators_dynamic_multiple_of_8_or_fixed(
     assert shapes["fixed"] == (4, 4, 40)
 
 
+def test_train_tokenizer_learns_from_the_choice_columns(tmp_path: Path) -> None:
+    import datasets
+
+    from lmctl.console import Console, OutputOptions
+    from lmctl.modeling import train_tokenizer
+
+    records = swag_records(50, seed=7)
+    train = write_jsonl(tmp_path / "t.jsonl", records)
+    config = _config(train, train_tokenizer=120, tokenizer_name=None)
+    dataset = datasets.Dataset.from_list(records)
+    texts = [text for batch in OBJECTIVE.training_texts(config, dataset, "t") for text in batch]
+    assert str(records[0]["sent1"]) in texts and str(records[0]["sent2"]) in texts
+    assert str(records[0]["ending3"]) in texts and len(texts) == 50 * 6
+    tokenizer = train_tokenizer(
+        lambda: OBJECTIVE.training_texts(config, dataset, "t"),
+        vocab_size=120,
+        algorithm=OBJECTIVE.tokenizer_algorithm,
+        model_max_length=64,
+        console=Console(OutputOptions(quiet=True)),
+    )
+    assert tokenizer.tokenize("the lamp looks yellow") == ["the", "lamp", "looks", "yellow"]
+    pair = tokenizer("the car is red .", "so the car looks red")
+    assert tokenizer.convert_ids_to_tokens(pair["input_ids"])[0] == "[CLS]"
+    assert set(pair["token_type_ids"]) == {0, 1}
+    assert None not in (tokenizer.pad_token, tokenizer.mask_token, tokenizer.sep_token)
+
+
 def test_record_lines_in_csv_and_jsonl(tmp_path: Path) -> None:
     from lmctl.data import record_location
 
