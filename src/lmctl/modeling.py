@@ -401,3 +401,17 @@ def _count(params: int) -> str:
         if params >= size:
             return f"{params / size:.2f}{unit}"
     return str(params)
+
+
+def model_class_names(model_class: Any) -> set[str]:
+    """Names of the model classes an Auto class (or a concrete model class) builds."""
+    mapping = getattr(model_class, "_model_mapping", None)
+    names: set[str] = set()
+    if mapping is None:
+        names.add(model_class.__name__)
+        return names
+    for value in getattr(mapping, "_model_mapping", {}).values():
+        names.update([value] if isinstance(value, str) else value)
+    for value in getattr(mapping, "_extra_content", {}).values():
+        names.add(getattr(value, "__name__", str(value)))
+    return names

@@ -69,6 +69,12 @@ class Objective(ABC):
 
         check_auto_class(config, self, model_config)
 
+    def model_classes(self) -> set[str]:
+        """Names of the model classes this objective trains (used to infer a model's task)."""
+        from lmctl.modeling import model_class_names
+
+        return model_class_names(self.auto_model_class())
+
     def check_model(
         self,
         config: TrainConfig,

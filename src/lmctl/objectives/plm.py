@@ -112,6 +112,9 @@ class Plm(Objective):
 
         return AutoModelForCausalLM
 
+    def model_classes(self) -> set[str]:
+        return {"XLNetLMHeadModel"}
+
     def model_card_tags(self) -> list[str]:
         return [self.task_tag, "language-modeling", "permutation-language-modeling"]
 
