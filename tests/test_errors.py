@@ -100,6 +100,8 @@ def test_bad_input(case: str, files: dict[str, Path], bpe_tokenizer: Path, tmp_p
     _assert_clean_failure(proc, code, *needles)
     if case == "non-empty output dir":
         assert (files["busy"] / "keep.txt").read_text() == "precious"
+    else:
+        assert not (tmp_path / "out").exists()  # a run that cannot start leaves nothing behind
 
 
 def test_overrides_with_pretrained_model(tmp_path: Path, files: dict[str, Path]) -> None:

@@ -216,10 +216,10 @@ def test_objective_from_architecture(architecture: str, objective: str | None) -
 
 
 def test_every_objective_is_inferred_from_its_own_models() -> None:
-    from lmctl.evaluation import infer_objective, model_class_names
+    from lmctl.evaluation import infer_objective
 
     for name in OBJECTIVES:
-        names = model_class_names(get_objective(name).auto_model_class())
+        names = get_objective(name).model_classes()
         assert names, name
         recipe_class = {
             "clm": "GPT2LMHeadModel",

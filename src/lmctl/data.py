@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import __version__, hub
-from lmctl.config.base import data_extension
+from lmctl.config.base import data_extension, is_remote, local_path
 from lmctl.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -31,7 +31,18 @@ if TYPE_CHECKING:
 BUILDERS = {"txt": "text", "csv": "csv", "json": "json", "jsonl": "json", "parquet": "parquet"}
 
 
-def load_raw(config: TrainConfig, *, need_eval: bool, text_options: dict[str, Any]) -> DatasetDict:
+#: Called with (dataset, where, file path or None) for each split as loaded, before the
+#: validation hold-out and sample limits, so that record numbers still match the file.
+RecordCheck = Callable[["Dataset", str, "str | None"], None]
+
+
+def load_raw(
+    config: TrainConfig,
+    *,
+    need_eval: bool,
+    text_options: dict[str, Any],
+    check_records: RecordCheck | None = None,
+) -> DatasetDict:
     """Load the user's data as ``train``/``validation`` splits."""
     import datasets
 
@@ -46,6 +57,12 @@ def load_raw(config: TrainConfig, *, need_eval: bool, text_options: dict[str, An
             files["validation"] = config.validation_file
         raw = _load_files(config, files, text_options)
         source = {split: f"{path}" for split, path in files.items()}
+    if check_records is not None:
+        for split in ("train", "validation"):
+            if split in raw:
+                path = config.train_file if split == "train" else config.validation_file
+                where = path or f"--dataset-name {config.dataset_name} [{split}]"
+                check_records(raw[split], where, path)
     if config.do_train and "train" in raw and len(raw["train"]) == 0:
         raise DataError(
             f"{source.get('train', 'training data')}: no records (the data is empty)",
@@ -72,6 +89,12 @@ def _load_files(config: TrainConfig, files: dict[str, str], text_options: dict[s
     import datasets
 
     local_files = {split: _localize(path, f"--{split}-file") for split, path in files.items()}
+    for split, path in local_files.items():
+        if os.path.isfile(path) and os.path.getsize(path) == 0:
+            raise DataError(
+                f"{files[split]}: no records (the file is empty)",
+                "give a file with at least one record",
+            )
     extension = data_extension(next(iter(files.values())))
     builder = BUILDERS[extension]
     kwargs: dict[str, Any] = dict(text_options) if builder == "text" else {}
@@ -247,13 +270,60 @@ def group_into_blocks(examples: dict[str, list[list[int]]], block_size: int) -> 
 
     out: dict[str, Any] = {}
     for column, sequences in examples.items():
-        if not sequences:
+        arrays = [np.asarray(sequence, dtype=np.int64) for sequence in sequences if len(sequence)]
+        if not arrays:
             out[column] = []
             continue
-        flat = np.concatenate([np.asarray(sequence, dtype=np.int64) for sequence in sequences])
+        flat = np.concatenate(arrays)
         usable = (len(flat) // block_size) * block_size
-        out[column] = flat[:usable].reshape(-1, block_size).tolist()
+        # Per-token values may be pairs (offset mappings): keep their trailing shape.
+        out[column] = flat[:usable].reshape(-1, block_size, *flat.shape[1:]).tolist()
     return out
+
+
+def record_location(path: str | None, index: int) -> str:
+    """Where the record ``index`` (0-based, in file order) of a data file is, for messages:
+    the line of a csv or JSON-lines record, else its record number."""
+    number = index + 1
+    if path is None or is_remote(path):
+        return f"record {number}"
+    extension = data_extension(path)
+    file = local_path(path)
+    try:
+        if extension == "csv":
+            return _csv_record_line(file, index) or f"record {number}"
+        if extension in ("json", "jsonl"):
+            with open(file, encoding="utf-8", errors="replace") as handle:
+                if handle.read(1) == "[":
+                    return f"record {number}"
+                handle.seek(0)
+                seen = -1
+                for line_number, line in enumerate(handle, 1):
+                    if line.strip():
+                        seen += 1
+                        if seen == index:
+                            return f"line {line_number}"
+    except OSError:
+        pass
+    return f"record {number}"
+
+
+def _csv_record_line(file: Path, index: int) -> str | None:
+    import csv
+
+    with open(file, encoding="utf-8", errors="replace", newline="") as handle:
+        reader = csv.reader(handle)
+        previous_end = 0
+        seen = -2  # the header row comes first
+        for row in reader:
+            start = previous_end + 1
+            previous_end = reader.line_num
+            if not row:
+                continue
+            seen += 1
+            if seen == index:
+                return f"line {start}"
+    return None
 
 
 def silence_libraries() -> None:

@@ -57,6 +57,7 @@ EVAL_FIELDS = (
     "tokenizer_name",
     "dtype",
     "trust_remote_code",
+    "imports",
     "cache_dir",
     "token",
 )
@@ -211,20 +212,6 @@ def _architectures(name: str, local: Path | None) -> list[str]:
     return [str(item) for item in found or []]
 
 
-def model_class_names(model_class: Any) -> set[str]:
-    """Names of the model classes an Auto class (or a concrete model class) builds."""
-    mapping = getattr(model_class, "_model_mapping", None)
-    names: set[str] = set()
-    if mapping is None:
-        names.add(model_class.__name__)
-        return names
-    for value in getattr(mapping, "_model_mapping", {}).values():
-        names.update([value] if isinstance(value, str) else value)
-    for value in getattr(mapping, "_extra_content", {}).values():
-        names.add(getattr(value, "__name__", str(value)))
-    return names
-
-
 def infer_objective(architectures: list[str]) -> str | None:
     """The objective whose model class is one of ``architectures``.
 
@@ -236,13 +223,15 @@ def infer_objective(architectures: list[str]) -> str | None:
     claims: dict[str, int] = {}
     suffixes: dict[str, str] = {}
     for name in OBJECTIVES:
-        model_class = get_objective(name).auto_model_class()
-        classes = model_class_names(model_class)
+        objective = get_objective(name)
+        model_class = objective.auto_model_class()
+        classes = objective.model_classes()
         if any(arch in classes for arch in architectures):
             claims[name] = len(classes)
-        class_name = model_class.__name__
-        if class_name.startswith("AutoModelFor"):
-            suffixes[name] = class_name.removeprefix("AutoModel")
+        suffix = model_class.__name__.removeprefix("AutoModel")
+        # Only objectives that train a whole Auto family claim its unregistered classes.
+        if suffix.startswith("For") and any(known.endswith(suffix) for known in classes):
+            suffixes[name] = suffix
     if claims:
         best = min(claims.values())
         winners = [name for name, size in claims.items() if size == best]

@@ -128,17 +128,61 @@ def build_model_config(config: TrainConfig, console: Console) -> PretrainedConfi
             f"did you mean {', '.join(close)}?" if close else "see transformers' model list"
         )
         raise ConfigError(f"--model-type {model_type}: unknown architecture", suggestion)
-    model_config = CONFIG_MAPPING[model_type]()
+    config_class = CONFIG_MAPPING[model_type]
+    model_config = config_class()
     if config.config_overrides:
         console.info(f"config overrides: {config.config_overrides}")
         try:
+            # Parses and type-checks each value against the default config ...
             model_config.update_from_string(config.config_overrides)
-        except ValueError as exc:
+            # ... then builds the config again from them, so that attributes derived in
+            # __init__ (XLNet's d_head from d_model and n_head) follow the overrides.
+            keys = [item.split("=", 1)[0].strip() for item in config.config_overrides.split(",")]
+            model_config = config_class(**{key: getattr(model_config, key) for key in keys})
+        except (ValueError, TypeError) as exc:
             raise ConfigError(
                 f"--config-overrides: {_first_line(exc)}",
                 f"use attributes of the {model_type} config (e.g. those in its config.json)",
             ) from exc
     return model_config
+
+
+def model_source(config: TrainConfig) -> str:
+    """The flag and value that chose the model, for messages."""
+    if config.model_name_or_path is not None:
+        return f"--model-name-or-path {config.model_name_or_path}"
+    if config.config_name is not None:
+        return f"--config-name {config.config_name}"
+    return f"--model-type {config.model_type}"
+
+
+def tokenizer_source(config: TrainConfig) -> str:
+    """The flag and value that chose the tokenizer, for messages."""
+    if config.train_tokenizer is not None:
+        return f"--train-tokenizer {config.train_tokenizer}"
+    if config.tokenizer_name is not None:
+        return f"--tokenizer-name {config.tokenizer_name}"
+    return f"--model-name-or-path {config.model_name_or_path}"
+
+
+def check_auto_class(
+    config: TrainConfig, objective: Objective, model_config: PretrainedConfig
+) -> None:
+    """Fail before any data work when the objective's Auto class has no model for this
+    architecture (e.g. ``train mlm --model-type gpt2``)."""
+    auto_class = objective.auto_model_class()
+    mapping = getattr(auto_class, "_model_mapping", None)
+    if mapping is None or type(model_config) in mapping:
+        return
+    auto_map = getattr(model_config, "auto_map", None) or {}
+    if config.trust_remote_code and auto_class.__name__ in auto_map:
+        return
+    examples = f", e.g. {objective.example_models}" if objective.example_models else ""
+    raise ConfigError(
+        f"{model_source(config)}: {model_config.model_type} has no {auto_class.__name__} "
+        f"model, so it can't be trained for {objective.summary.lower()}",
+        f"choose an architecture that has one{examples}",
+    )
 
 
 def max_positions(model_config: PretrainedConfig) -> int | None:
@@ -258,8 +302,12 @@ def train_tokenizer(
             pair="[CLS] $A [SEP] $B:1 [SEP]:1",
             special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
         )
+    extra: dict[str, Any] = {}
+    if algorithm == "wordpiece":
+        # BERT-style models take segment ids for sentence pairs (multiple choice).
+        extra["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, model_max_length=model_max_length, **specials
+        tokenizer_object=tokenizer, model_max_length=model_max_length, **specials, **extra
     )
     console.info(
         f"trained a {algorithm} tokenizer on the training data: {len(fast)} tokens "
@@ -280,13 +328,15 @@ def build_model(
         kwargs = _hub_kwargs(config)
         if config.dtype is not None:
             kwargs["dtype"] = _torch_dtype(config.dtype)
-        model = load_pretrained(
+        model, loading_info = load_pretrained(
             auto_class.from_pretrained,
             config.model_name_or_path,
             "--model-name-or-path",
             config=model_config,
+            output_loading_info=True,
             **kwargs,
         )
+        _note_new_weights(loading_info.get("missing_keys") or [], console)
     else:
         _fit_vocabulary(config, model_config, tokenizer)
         try:
@@ -311,6 +361,15 @@ def build_model(
         )
         model.resize_token_embeddings(len(tokenizer))
     return model
+
+
+def _note_new_weights(missing: Any, console: Console) -> None:
+    """One line naming the weights that the checkpoint lacks (typically a new task head)."""
+    names = sorted(missing)
+    if not names:
+        return
+    shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
+    console.info(f"newly initialised (not in the checkpoint, learnt by this run): {shown}")
 
 
 def _fit_vocabulary(
@@ -342,3 +401,17 @@ def _count(params: int) -> str:
         if params >= size:
             return f"{params / size:.2f}{unit}"
     return str(params)
+
+
+def model_class_names(model_class: Any) -> set[str]:
+    """Names of the model classes an Auto class (or a concrete model class) builds."""
+    mapping = getattr(model_class, "_model_mapping", None)
+    names: set[str] = set()
+    if mapping is None:
+        names.add(model_class.__name__)
+        return names
+    for value in getattr(mapping, "_model_mapping", {}).values():
+        names.update([value] if isinstance(value, str) else value)
+    for value in getattr(mapping, "_extra_content", {}).values():
+        names.add(getattr(value, "__name__", str(value)))
+    return names

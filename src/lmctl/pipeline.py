@@ -7,10 +7,11 @@ beyond the :class:`~lmctl.objectives.base.Objective` interface.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl import data, modeling
+from lmctl import data, modeling, plugins
 from lmctl.objectives.common import split_source
 
 if TYPE_CHECKING:
@@ -39,10 +40,15 @@ def prepare(config: TrainConfig, objective: Objective, run_dir: Path, console: C
     from transformers import set_seed
 
     set_seed(config.seed)
-    raw = data.load_raw(
-        config, need_eval=config.do_eval, text_options=objective.text_options(config)
-    )
+    plugins.load_plugins(config.imports, console)
     model_config = modeling.build_model_config(config, console)
+    objective.check_architecture(config, model_config)
+    raw = data.load_raw(
+        config,
+        need_eval=config.do_eval,
+        text_options=objective.text_options(config),
+        check_records=partial(objective.check_records, config),
+    )
     tokenizer = modeling.load_tokenizer(
         config,
         objective,

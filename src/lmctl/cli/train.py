@@ -41,6 +41,36 @@ From scratch with a new tokenizer, in CI:
     lmctl train clm --model-type gpt2 --config-overrides n_layer=2,n_embd=64,n_head=2 \\
         --train-tokenizer 8000 --train-file a.txt --validation-file b.txt --max-steps 30 --json
 """,
+    "mlm": """
+Fine-tune a local BERT on your text, one sample per non-empty line:
+
+    lmctl train mlm --model ./bert-small --train-file corpus.txt --line-by-line
+
+From scratch with a WordPiece tokenizer trained on the data, whole-word masking:
+
+    lmctl train mlm --model-type bert --config-overrides num_hidden_layers=4,hidden_size=256 \
+        --train-tokenizer 8000 --train-file a.txt --whole-word-mask --max-seq-length 128
+""",
+    "plm": """
+XLNet from scratch (permutation needs an even --max-seq-length):
+
+    lmctl train plm --model-type xlnet --config-overrides d_model=256,n_layer=4,n_head=4 \
+        --train-tokenizer 8000 --train-file a.txt --max-seq-length 128
+
+Fine-tune a local XLNet line by line:
+
+    lmctl train plm --model ./xlnet-base --train-file corpus.txt --line-by-line
+""",
+    "swag": """
+Fine-tune on the Hub's SWAG (the default data when the Hub is reachable):
+
+    lmctl train swag --model ./bert-base --max-seq-length 128
+
+Your own multiple-choice records (any number of endings):
+
+    lmctl train swag --model ./bert-base --train-file train.jsonl --validation-file dev.jsonl \
+        --context-column question --question-column "" --ending-columns a,b,c --label-column answer
+""",
 }
 
 train_app = typer.Typer(

@@ -159,6 +159,13 @@ class TrainConfig(StrictModel):
         "Load a pretrained model in this dtype ('auto' takes it from the checkpoint).",
         panel=PANEL_MODEL,
     )
+    imports: list[str] = option(
+        [],
+        "Python module to import first (a module name or a .py file), e.g. one that "
+        "registers a custom architecture with the Auto classes for --model-type; repeatable.",
+        panel=PANEL_MODEL,
+        flags=("--import",),
+    )
 
     # Data
     dataset_name: str | None = option(
@@ -363,6 +370,17 @@ class TrainConfig(StrictModel):
             )
         return data
 
+    @field_validator("imports")
+    @classmethod
+    def _absolute_module_files(cls, value: list[str]) -> list[str]:
+        """A .py file is recorded by its absolute path, so the saved config works anywhere."""
+        return [
+            str(local_path(name).resolve())
+            if name.endswith(".py") and local_path(name).is_file()
+            else name
+            for name in value
+        ]
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> TrainConfig:
         problems = Problems()
@@ -444,6 +462,9 @@ class TrainConfig(StrictModel):
             problems.add("--do-train needs training data", "give --train-file or --dataset-name")
         if self.train_tokenizer is not None and self.train_file is None and not self.dataset_name:
             problems.add("--train-tokenizer needs training data to learn from", "give --train-file")
+        for name in self.imports:
+            if name.endswith(".py") and not local_path(name).is_file():
+                problems.add(f"--import {name}: no such file", "check the path of the .py file")
         if self.bf16 and self.fp16:
             problems.add("--bf16 and --fp16 can't both be set", "choose one precision")
         if self.warmup_ratio is not None and self.warmup_steps:

@@ -40,11 +40,13 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
 
         publication = PushAfterTraining(config, console)
         publication.check()  # a permission problem fails now, not after training
-    run_dir = rundir.prepare_output_dir(config) if main else Path(str(config.output_dir))
+    run_dir = Path(str(config.output_dir))
+    # Data, tokenizer and model first: a run that fails to start leaves no directory behind.
+    prepared = prepare(config, objective, run_dir, console)
     if main:
+        rundir.prepare_output_dir(config)
         rundir.write_config(run_dir, config)
     console.info(f"run directory: {run_dir}")
-    prepared = prepare(config, objective, run_dir, console)
     engine = import_module(ENGINES[config.engine])
     with graceful_stop() as stop:
         try:

@@ -52,6 +52,9 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         "include_num_input_tokens_seen": True,
         "log_level": "error",
         "dataloader_pin_memory": _has_accelerator(),
+        # Objectives' preprocessing keeps exactly the columns their collators read
+        # (special-tokens masks, offsets), which are not model arguments.
+        "remove_unused_columns": False,
     }
     values.update(config.training_args)
     try:

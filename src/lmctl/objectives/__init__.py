@@ -11,6 +11,9 @@ if TYPE_CHECKING:
 #: name -> module defining ``OBJECTIVE``. Adding an objective is one module and one line here.
 OBJECTIVES: dict[str, str] = {
     "clm": "lmctl.objectives.clm",
+    "mlm": "lmctl.objectives.mlm",
+    "plm": "lmctl.objectives.plm",
+    "swag": "lmctl.objectives.swag",
 }
 
 

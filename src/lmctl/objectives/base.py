@@ -33,6 +33,8 @@ class Objective(ABC):
     tokenizer_algorithm: ClassVar[Literal["bpe", "wordpiece", "unigram"]] = "bpe"
     #: Whether perplexity = exp(eval_loss) is meaningful for this objective.
     reports_perplexity: ClassVar[bool] = True
+    #: Architectures to suggest when a model can't be trained for this objective.
+    example_models: ClassVar[str] = ""
 
     def embedded_default(self) -> dict[str, Any] | None:
         """Values that make ``lmctl train <name>`` run with no model and no data, if any."""
@@ -50,9 +52,28 @@ class Objective(ABC):
         """Options for reading .txt files (the ``datasets`` text builder)."""
         return {}
 
+    def check_records(
+        self, config: TrainConfig, dataset: Dataset, where: str, path: str | None
+    ) -> None:
+        """Reject malformed records of a split as loaded (before the validation hold-out and
+        sample limits, so that ``lmctl.data.record_location(path, index)`` names the line)."""
+        return
+
     @abstractmethod
     def auto_model_class(self) -> Any:
         """The transformers Auto class that builds or loads the model."""
+
+    def check_architecture(self, config: TrainConfig, model_config: PretrainedConfig) -> None:
+        """Reject an architecture this objective can't train, before the tokenizer and data."""
+        from lmctl.modeling import check_auto_class
+
+        check_auto_class(config, self, model_config)
+
+    def model_classes(self) -> set[str]:
+        """Names of the model classes this objective trains (used to infer a model's task)."""
+        from lmctl.modeling import model_class_names
+
+        return model_class_names(self.auto_model_class())
 
     def check_model(
         self,

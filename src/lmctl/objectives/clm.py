@@ -54,6 +54,7 @@ class Clm(Objective):
     task_tag = "text-generation"
     config_class = ClmConfig
     tokenizer_algorithm = "bpe"
+    example_models = "gpt2, llama, qwen2"
 
     def embedded_default(self) -> dict[str, Any]:
         return {

@@ -1,11 +1,15 @@
-"""Building blocks that several objectives share: sequence-length rules, tokenize-and-group,
-and a collator for fixed-length blocks."""
+"""Building blocks that several objectives share: sequence-length options and rules,
+tokenization (grouped into blocks, or one sample per line), padding, deterministic
+evaluation masks, and the selector that scores masked positions."""
 
 from __future__ import annotations
 
+import hashlib
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from lmctl.config.base import TrainConfig
+from lmctl.config.fields import PANEL_OBJECTIVE, option
 from lmctl.data import cached_map, group_into_blocks, text_column, tokenizer_fingerprint
 from lmctl.errors import DataError
 from lmctl.modeling import max_positions
@@ -14,12 +18,41 @@ if TYPE_CHECKING:
     from datasets import DatasetDict
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-    from lmctl.config.base import TrainConfig
     from lmctl.console import Console
 
 DEFAULT_LENGTH_CAP = 1024
 # Tokenizers without a recorded maximum report a huge sentinel (int(1e30)).
 _UNSET_MAX = 10**9
+
+
+class SequenceConfig(TrainConfig):
+    """Objectives whose samples are token sequences of a bounded length."""
+
+    max_seq_length: int | None = option(
+        None,
+        "Maximum tokens per sequence (default: the tokenizer's maximum, capped at 1024 and "
+        "at the model's positions; larger than the tokenizer's maximum: clamped with a "
+        "warning). Longer inputs are truncated.",
+        panel=PANEL_OBJECTIVE,
+        gt=0,
+    )
+
+
+class LineByLineConfig(SequenceConfig):
+    """Objectives that read plain text either grouped into blocks or one sample per line."""
+
+    line_by_line: bool = option(
+        False,
+        "One sample per non-empty line (blank lines skipped, long lines truncated to "
+        "--max-seq-length) instead of concatenating all texts into blocks.",
+        panel=PANEL_OBJECTIVE,
+    )
+    pad_to_max_length: bool = option(
+        False,
+        "With --line-by-line, pad every sample to --max-seq-length instead of to the longest "
+        "in its batch (fixed shapes).",
+        panel=PANEL_OBJECTIVE,
+    )
 
 
 def split_source(config: TrainConfig, split: str) -> str:
@@ -65,22 +98,44 @@ def resolve_sequence_length(
     return length
 
 
+def _is_blank(text: Any) -> bool:
+    return not isinstance(text, str) or not text or text.isspace()
+
+
 def _tokenize(
     examples: dict[str, list[Any]],
     *,
     tokenizer: PreTrainedTokenizerBase,
     column: str,
     special_tokens_mask: bool,
+    offsets: bool,
+    max_length: int | None = None,
+    pad_to_max_length: bool = False,
 ) -> dict[str, Any]:
-    encoded = tokenizer(
-        examples[column],
-        return_attention_mask=False,
-        return_special_tokens_mask=special_tokens_mask,
-    )
-    out = {"input_ids": encoded["input_ids"]}
+    """Grouped mode (``max_length`` None): token ids only, for concatenation. Line mode:
+    blank lines dropped, each line truncated (and optionally padded) to ``max_length``."""
+    texts = examples[column]
+    extras = {
+        "return_special_tokens_mask": special_tokens_mask,
+        "return_offsets_mapping": offsets,
+    }
+    if max_length is None:
+        encoded = tokenizer(texts, return_attention_mask=False, **extras)
+        keep = ["input_ids"]
+    else:
+        encoded = tokenizer(
+            [text for text in texts if not _is_blank(text)],
+            truncation=True,
+            max_length=max_length,
+            padding="max_length" if pad_to_max_length else False,
+            **extras,
+        )
+        keep = [key for key in encoded if key not in ("special_tokens_mask", "offset_mapping")]
     if special_tokens_mask:
-        out["special_tokens_mask"] = encoded["special_tokens_mask"]
-    return out
+        keep.append("special_tokens_mask")
+    if offsets:
+        keep.append("offset_mapping")
+    return {key: encoded[key] for key in keep}
 
 
 def tokenize_and_group(
@@ -91,6 +146,7 @@ def tokenize_and_group(
     console: Console,
     *,
     special_tokens_mask: bool = False,
+    offsets: bool = False,
 ) -> DatasetDict:
     """Tokenize every text, concatenate, and cut into ``block_size`` blocks."""
     import datasets
@@ -107,8 +163,9 @@ def tokenize_and_group(
                 tokenizer=tokenizer,
                 column=column,
                 special_tokens_mask=special_tokens_mask,
+                offsets=offsets,
             ),
-            key=("tokenize", tokenizer_key, column, special_tokens_mask),
+            key=("tokenize", tokenizer_key, column, special_tokens_mask, offsets),
             config=config,
             description=f"tokenizing {split}",
             remove_columns=list(dataset.column_names),
@@ -133,6 +190,96 @@ def tokenize_and_group(
     return datasets.DatasetDict(processed)
 
 
+def tokenize_lines(
+    config: TrainConfig,
+    raw: DatasetDict,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    console: Console,
+    *,
+    pad_to_max_length: bool = False,
+    special_tokens_mask: bool = False,
+    offsets: bool = False,
+) -> DatasetDict:
+    """One sample per non-empty line (or record): blank ones skipped, long ones truncated."""
+    import datasets
+
+    tokenizer_key = tokenizer_fingerprint(tokenizer)
+    processed = {}
+    for split, dataset in raw.items():
+        where = split_source(config, split)
+        column = text_column(dataset, config.text_column, where)
+        samples = cached_map(
+            dataset,
+            partial(
+                _tokenize,
+                tokenizer=tokenizer,
+                column=column,
+                special_tokens_mask=special_tokens_mask,
+                offsets=offsets,
+                max_length=max_length,
+                pad_to_max_length=pad_to_max_length,
+            ),
+            key=(
+                "lines",
+                tokenizer_key,
+                column,
+                special_tokens_mask,
+                offsets,
+                max_length,
+                pad_to_max_length,
+            ),
+            config=config,
+            description=f"tokenizing {split} line by line",
+            remove_columns=list(dataset.column_names),
+        )
+        if len(samples) == 0:
+            raise DataError(
+                f"{where}: no non-empty lines ({len(dataset)} blank)",
+                "give data with text in it",
+            )
+        skipped = len(dataset) - len(samples)
+        console.info(
+            f"{split}: {len(dataset)} lines -> {len(samples)} samples of at most {max_length} "
+            f"tokens ({skipped} blank skipped)"
+        )
+        processed[split] = samples
+    return datasets.DatasetDict(processed)
+
+
+def tokenize_texts(
+    config: LineByLineConfig,
+    raw: DatasetDict,
+    tokenizer: PreTrainedTokenizerBase,
+    length: int,
+    console: Console,
+    *,
+    special_tokens_mask: bool = False,
+    offsets: bool = False,
+) -> DatasetDict:
+    """Line by line or grouped into blocks, as ``--line-by-line`` says."""
+    if config.line_by_line:
+        return tokenize_lines(
+            config,
+            raw,
+            tokenizer,
+            length,
+            console,
+            pad_to_max_length=config.pad_to_max_length,
+            special_tokens_mask=special_tokens_mask,
+            offsets=offsets,
+        )
+    return tokenize_and_group(
+        config,
+        raw,
+        tokenizer,
+        length,
+        console,
+        special_tokens_mask=special_tokens_mask,
+        offsets=offsets,
+    )
+
+
 class BlockCollator:
     """Stacks equal-length blocks; labels are the inputs (the model shifts them)."""
 
@@ -141,3 +288,86 @@ class BlockCollator:
 
         input_ids = torch.tensor([feature["input_ids"] for feature in features], dtype=torch.long)
         return {"input_ids": input_ids, "labels": input_ids.clone()}
+
+
+def _pad_values(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+    return {
+        "input_ids": tokenizer.pad_token_id,
+        "attention_mask": 0,
+        "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0),
+        "special_tokens_mask": 1,
+        "offset_mapping": [0, 0],
+        "labels": -100,
+    }
+
+
+def pad_features(
+    features: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, multiple_of: int = 1
+) -> list[dict[str, Any]]:
+    """Pad every per-token field of a batch to one length, a multiple of ``multiple_of``.
+
+    Unlike ``tokenizer.pad`` this also pads nested per-token fields (offset mappings) and
+    fields that the tokenizer does not know, so any collator can run on the result.
+    """
+    longest = max(len(feature["input_ids"]) for feature in features)
+    length = -(-longest // multiple_of) * multiple_of
+    values = _pad_values(tokenizer)
+    left = tokenizer.padding_side == "left"
+    padded = []
+    for feature in features:
+        missing = length - len(feature["input_ids"])
+        if missing == 0:
+            padded.append(feature)
+            continue
+        if values["input_ids"] is None:
+            raise DataError(
+                "the tokenizer has no padding token, so samples of different lengths can't "
+                "be batched",
+                "use a tokenizer with a pad token, or samples of equal length (no --line-by-line)",
+            )
+        out = dict(feature)
+        for key, fill in values.items():
+            if key in feature:
+                pad = [fill] * missing
+                out[key] = pad + list(feature[key]) if left else list(feature[key]) + pad
+        if "attention_mask" not in feature:
+            ones = [1] * len(feature["input_ids"])
+            out["attention_mask"] = [0] * missing + ones if left else ones + [0] * missing
+        padded.append(out)
+    return padded
+
+
+class SeededCollator:
+    """Makes a random collator (masking, permutations) deterministic for evaluation.
+
+    Each batch's random draws come from a generator seeded with ``seed`` and the batch's
+    token ids, so the same model and data give the same numbers in every evaluation, in any
+    process or dataloader worker, however many evaluations ran before.
+    """
+
+    def __init__(self, collator: Any, seed: int) -> None:
+        self.collator = collator
+        self.seed = seed
+
+    def _batch_seed(self, features: list[dict[str, Any]]) -> int:
+        import numpy as np
+
+        digest = hashlib.blake2b(str(self.seed).encode(), digest_size=8)
+        for feature in features:
+            ids = feature["input_ids"] if isinstance(feature, dict) else feature
+            digest.update(np.asarray(ids, dtype=np.int64).tobytes())
+            digest.update(b"|")
+        return int.from_bytes(digest.digest(), "little") & (2**63 - 1)
+
+    def __call__(self, features: list[dict[str, Any]]) -> Any:
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self._batch_seed(features))
+            return self.collator(features)
+
+
+def masked_positions(logits: Any, labels: Any) -> tuple[Any, Any]:
+    """Argmax predictions and labels at the positions that carry a label (not -100)."""
+    scored = labels != -100
+    return logits.argmax(dim=-1)[scored], labels[scored]

@@ -1,0 +1,158 @@
+"""Masked language modelling (``run_mlm.py``): BERT, RoBERTa, DistilBERT, ALBERT, ...
+
+Texts are grouped into ``--max-seq-length`` blocks, or kept one sample per non-empty line
+with ``--line-by-line``. Masks are drawn by the collator for every batch, so every epoch
+sees new masks (dynamic masking); evaluation masks are drawn from a fixed seed so that two
+evaluations of one model agree. Accuracy is scored on the masked positions only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from lmctl.config.base import Problems, TrainConfig
+from lmctl.config.fields import PANEL_OBJECTIVE, option
+from lmctl.errors import ConfigError
+from lmctl.modeling import tokenizer_source
+from lmctl.objectives.base import Objective
+from lmctl.objectives.common import (
+    LineByLineConfig,
+    SeededCollator,
+    masked_positions,
+    pad_features,
+    resolve_sequence_length,
+    tokenize_texts,
+)
+
+if TYPE_CHECKING:
+    from datasets import DatasetDict
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+    from lmctl.console import Console
+    from lmctl.metrics import BatchMetrics
+
+
+class MlmConfig(LineByLineConfig):
+    objective: ClassVar[str] = "mlm"
+
+    mlm_probability: float = option(
+        0.15, "Fraction of tokens masked for prediction.", panel=PANEL_OBJECTIVE, gt=0, lt=1
+    )
+    whole_word_mask: bool = option(
+        False,
+        "Mask whole words (every sub-token of a chosen word, all replaced by the mask "
+        "token) instead of single tokens. Needs a fast tokenizer.",
+        panel=PANEL_OBJECTIVE,
+    )
+
+    def check(self, problems: Problems) -> None:
+        super().check(problems)
+        if self.whole_word_mask and not self.use_fast_tokenizer:
+            problems.add(
+                "--whole-word-mask needs a fast tokenizer (it reads word offsets)",
+                "drop --no-use-fast-tokenizer",
+            )
+
+
+class PaddedMaskingCollator:
+    """Pads a batch (offset mappings included), then lets transformers draw the masks."""
+
+    def __init__(self, masking: Any, tokenizer: PreTrainedTokenizerBase, multiple_of: int) -> None:
+        self.masking = masking
+        self.tokenizer = tokenizer
+        self.multiple_of = multiple_of
+
+    def __call__(self, features: list[dict[str, Any]]) -> Any:
+        return self.masking(pad_features(features, self.tokenizer, self.multiple_of))
+
+
+class Mlm(Objective):
+    name = "mlm"
+    summary = "Masked language modelling (BERT, RoBERTa, DistilBERT, ALBERT, ...)"
+    task_tag = "fill-mask"
+    config_class = MlmConfig
+    tokenizer_algorithm = "wordpiece"
+    example_models = "bert, roberta, distilbert, albert"
+
+    def auto_model_class(self) -> Any:
+        from transformers import AutoModelForMaskedLM
+
+        return AutoModelForMaskedLM
+
+    def check_model(
+        self,
+        config: TrainConfig,
+        model_config: PretrainedConfig,
+        tokenizer: PreTrainedTokenizerBase,
+    ) -> None:
+        assert isinstance(config, MlmConfig)
+        source = tokenizer_source(config)
+        if tokenizer.mask_token is None:
+            raise ConfigError(
+                f"{source}: the tokenizer has no mask token, which masked language modelling needs",
+                "use a BERT- or RoBERTa-style tokenizer, or --train-tokenizer when training "
+                "from scratch",
+            )
+        if config.line_by_line and tokenizer.pad_token is None:
+            raise ConfigError(
+                f"{source}: the tokenizer has no padding token, which --line-by-line needs",
+                "use a tokenizer with a pad token, or drop --line-by-line",
+            )
+        if config.whole_word_mask and not tokenizer.is_fast:
+            raise ConfigError(
+                f"{source}: --whole-word-mask needs a fast tokenizer (word offsets)",
+                "use a tokenizer with a tokenizer.json, or drop --whole-word-mask",
+            )
+
+    def preprocess(
+        self,
+        config: TrainConfig,
+        raw: DatasetDict,
+        tokenizer: PreTrainedTokenizerBase,
+        model_config: PretrainedConfig,
+        console: Console,
+    ) -> DatasetDict:
+        assert isinstance(config, MlmConfig)
+        length = resolve_sequence_length(
+            config.max_seq_length, "--max-seq-length", tokenizer, model_config, console
+        )
+        console.info(f"max sequence length: {length} tokens")
+        # The special-tokens mask is computed once here instead of for every batch.
+        return tokenize_texts(
+            config,
+            raw,
+            tokenizer,
+            length,
+            console,
+            special_tokens_mask=True,
+            offsets=config.whole_word_mask,
+        )
+
+    def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
+        from transformers import DataCollatorForLanguageModeling
+
+        assert isinstance(config, MlmConfig)
+        # Whole words are always replaced by the mask token (transformers forces it anyway,
+        # with a warning); single tokens keep the usual 80% mask / 10% random / 10% kept.
+        whole = config.whole_word_mask
+        masking = DataCollatorForLanguageModeling(
+            tokenizer=tokenizer,
+            mlm_probability=config.mlm_probability,
+            whole_word_mask=whole,
+            mask_replace_prob=1.0 if whole else 0.8,
+            random_replace_prob=0.0 if whole else 0.1,
+        )
+        dynamic = config.line_by_line and not config.pad_to_max_length
+        mixed = config.fp16 or config.bf16
+        return PaddedMaskingCollator(masking, tokenizer, 8 if dynamic and mixed else 1)
+
+    def eval_collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
+        return SeededCollator(self.collator(config, tokenizer), config.seed)
+
+    def metrics(self) -> BatchMetrics:
+        from lmctl.metrics import BatchMetrics
+
+        return BatchMetrics(masked_positions)
+
+
+OBJECTIVE = Mlm()

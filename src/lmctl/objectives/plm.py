@@ -1,0 +1,185 @@
+"""Permutation language modelling (``run_plm.py``): XLNet.
+
+Texts are grouped into ``--max-seq-length`` blocks, or kept one sample per non-empty line
+with ``--line-by-line``. The permutation collator needs an even sequence length: an odd
+``--max-seq-length`` is rejected before any work, and dynamically padded batches are padded
+to an even length (a multiple of 8 under mixed precision), so every batch is even by
+construction.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from lmctl.config.base import Problems, TrainConfig
+from lmctl.config.fields import PANEL_OBJECTIVE, option
+from lmctl.errors import ConfigError
+from lmctl.modeling import model_source, tokenizer_source
+from lmctl.objectives.base import Objective
+from lmctl.objectives.common import (
+    LineByLineConfig,
+    SeededCollator,
+    masked_positions,
+    pad_features,
+    resolve_sequence_length,
+    tokenize_texts,
+)
+
+if TYPE_CHECKING:
+    from datasets import DatasetDict
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+    from lmctl.console import Console
+    from lmctl.metrics import BatchMetrics
+
+XLNET_HINT = (
+    "use an XLNet model, e.g. --model-type xlnet --config-overrides "
+    "d_model=256,n_layer=4,n_head=4,d_inner=1024"
+)
+
+
+class PlmConfig(LineByLineConfig):
+    objective: ClassVar[str] = "plm"
+
+    max_seq_length: int = option(
+        512,
+        "Tokens per sequence, an even number (larger than the tokenizer's maximum: clamped "
+        "with a warning). Longer inputs are truncated.",
+        panel=PANEL_OBJECTIVE,
+        gt=0,
+    )
+    plm_probability: float = option(
+        1 / 6,
+        "Ratio of the length of a span of masked tokens to the length of its surrounding context.",
+        panel=PANEL_OBJECTIVE,
+        gt=0,
+        le=1,
+    )
+    max_span_length: int = option(
+        5, "Maximum length of a span of masked tokens.", panel=PANEL_OBJECTIVE, gt=0
+    )
+
+    def check(self, problems: Problems) -> None:
+        super().check(problems)
+        if self.max_seq_length % 2:
+            length = self.max_seq_length
+            problems.add(
+                f"--max-seq-length {length}: permutation language modelling needs an even "
+                "sequence length",
+                f"use --max-seq-length {length + 1}" + (f" or {length - 1}" if length > 1 else ""),
+            )
+        from_scratch = self.model_name_or_path is None and self.config_name is None
+        # A custom architecture (--import) may be an XLNet subclass; that is checked later.
+        if from_scratch and self.model_type not in (None, "xlnet") and not self.imports:
+            problems.add(
+                f"--model-type {self.model_type}: plm trains XLNet models only", XLNET_HINT
+            )
+
+
+class PermutationCollator:
+    """Pads a batch to an even length, then lets transformers draw the permutation masks."""
+
+    def __init__(
+        self, permuting: Any, tokenizer: PreTrainedTokenizerBase, multiple_of: int
+    ) -> None:
+        self.permuting = permuting
+        self.tokenizer = tokenizer
+        self.multiple_of = multiple_of
+
+    def __call__(self, features: list[dict[str, Any]]) -> Any:
+        import torch
+
+        padded = pad_features(features, self.tokenizer, self.multiple_of)
+        batch = self.permuting(padded)
+        if "attention_mask" in padded[0]:
+            batch["attention_mask"] = torch.tensor(
+                [feature["attention_mask"] for feature in padded], dtype=torch.long
+            )
+        return batch
+
+
+class Plm(Objective):
+    name = "plm"
+    summary = "Permutation language modelling (XLNet)"
+    # The Hub has no pipeline tag for permutation LM; XLNet's LM head generates text.
+    task_tag = "text-generation"
+    config_class = PlmConfig
+    tokenizer_algorithm = "unigram"
+    example_models = "xlnet"
+
+    def auto_model_class(self) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM
+
+    def model_classes(self) -> set[str]:
+        return {"XLNetLMHeadModel"}
+
+    def model_card_tags(self) -> list[str]:
+        return [self.task_tag, "language-modeling", "permutation-language-modeling"]
+
+    def check_architecture(self, config: TrainConfig, model_config: PretrainedConfig) -> None:
+        from transformers import XLNetConfig
+
+        if not isinstance(model_config, XLNetConfig):
+            raise ConfigError(
+                f"{model_source(config)}: a {model_config.model_type} model can't be trained "
+                "for permutation language modelling, which is XLNet's objective",
+                XLNET_HINT,
+            )
+        super().check_architecture(config, model_config)
+
+    def check_model(
+        self,
+        config: TrainConfig,
+        model_config: PretrainedConfig,
+        tokenizer: PreTrainedTokenizerBase,
+    ) -> None:
+        source = tokenizer_source(config)
+        for token, role in (("mask_token", "mask"), ("pad_token", "padding")):
+            if getattr(tokenizer, token) is None:
+                raise ConfigError(
+                    f"{source}: the tokenizer has no {role} token, which permutation language "
+                    "modelling needs",
+                    "use an XLNet tokenizer, or --train-tokenizer when training from scratch",
+                )
+
+    def preprocess(
+        self,
+        config: TrainConfig,
+        raw: DatasetDict,
+        tokenizer: PreTrainedTokenizerBase,
+        model_config: PretrainedConfig,
+        console: Console,
+    ) -> DatasetDict:
+        assert isinstance(config, PlmConfig)
+        length = resolve_sequence_length(
+            config.max_seq_length, "--max-seq-length", tokenizer, model_config, console
+        )
+        if length % 2:
+            console.info(f"using {length - 1} tokens: permutation needs an even length")
+            length -= 1
+        console.info(f"max sequence length: {length} tokens")
+        return tokenize_texts(config, raw, tokenizer, length, console)
+
+    def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
+        from transformers import DataCollatorForPermutationLanguageModeling
+
+        assert isinstance(config, PlmConfig)
+        permuting = DataCollatorForPermutationLanguageModeling(
+            tokenizer=tokenizer,
+            plm_probability=config.plm_probability,
+            max_span_length=config.max_span_length,
+        )
+        return PermutationCollator(permuting, tokenizer, 8 if config.fp16 or config.bf16 else 2)
+
+    def eval_collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
+        return SeededCollator(self.collator(config, tokenizer), config.seed)
+
+    def metrics(self) -> BatchMetrics:
+        from lmctl.metrics import BatchMetrics
+
+        return BatchMetrics(masked_positions)
+
+
+OBJECTIVE = Plm()

@@ -1,0 +1,335 @@
+"""Multiple choice (``run_swag.py``): BERT-family models with a multiple-choice head.
+
+Each record has a context, an optional question header and two or more endings; the label
+is the index of the right ending. The context is paired with "header + ending" for every
+choice, all pairs are tokenized flat and regrouped to (records, choices). Without
+``--train-file``/``--dataset-name`` the Hub dataset ``swag`` (config ``regular``) is used.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import field_validator, model_validator
+
+from lmctl.config.base import Problems, TrainConfig, data_extension
+from lmctl.config.fields import PANEL_DATA, PANEL_OBJECTIVE, option
+from lmctl.data import cached_map, record_location, tokenizer_fingerprint
+from lmctl.errors import ConfigError, DataError
+from lmctl.modeling import tokenizer_source
+from lmctl.objectives.base import Objective
+from lmctl.objectives.common import SequenceConfig, resolve_sequence_length, split_source
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from datasets import Dataset, DatasetDict
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+    from lmctl.console import Console
+    from lmctl.metrics import BatchMetrics
+
+DEFAULT_DATASET = ("swag", "regular")
+DEFAULT_QUESTION_COLUMN = "sent2"
+RECORD_EXTENSIONS = ("csv", "json", "jsonl", "parquet")
+
+
+class SwagConfig(SequenceConfig):
+    objective: ClassVar[str] = "swag"
+
+    context_column: str = option(
+        "sent1", "Column holding the context, paired with every choice.", panel=PANEL_DATA
+    )
+    question_column: str = option(
+        DEFAULT_QUESTION_COLUMN,
+        "Column holding a question header put before every ending ('' for none; when the "
+        "default column is absent there is none).",
+        panel=PANEL_DATA,
+    )
+    ending_columns: str = option(
+        "ending0,ending1,ending2,ending3",
+        "Comma-separated columns holding the choices (two or more).",
+        panel=PANEL_DATA,
+    )
+    label_column: str = option(
+        "label", "Column holding the 0-based index of the right choice.", panel=PANEL_DATA
+    )
+    pad_to_max_length: bool = option(
+        False,
+        "Pad every choice to --max-seq-length instead of to the longest in its batch "
+        "(fixed shapes).",
+        panel=PANEL_OBJECTIVE,
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_dataset(cls, data: Any) -> Any:
+        """Like upstream: the Hub's SWAG when no data is named."""
+        if isinstance(data, dict) and not any(
+            data.get(key) for key in ("dataset_name", "train_file", "validation_file")
+        ):
+            name, config_name = DEFAULT_DATASET
+            data = {**data, "dataset_name": name}
+            data.setdefault("dataset_config_name", config_name)
+        return data
+
+    @field_validator("ending_columns", mode="before")
+    @classmethod
+    def _endings_from_list(cls, value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return ",".join(str(item) for item in value)
+        return value
+
+    @property
+    def endings(self) -> list[str]:
+        return [name.strip() for name in self.ending_columns.split(",") if name.strip()]
+
+    def check(self, problems: Problems) -> None:
+        super().check(problems)
+        endings = self.endings
+        if len(endings) < 2:
+            problems.add(
+                f"--ending-columns {self.ending_columns}: needs two or more columns",
+                "list the choice columns separated by commas, e.g. ending0,ending1,ending2",
+            )
+        if len(set(endings)) != len(endings):
+            problems.add(
+                f"--ending-columns {self.ending_columns}: a column is listed twice",
+                "list each choice column once",
+            )
+        others = {self.context_column, self.label_column}
+        if others & set(endings) or self.context_column == self.label_column:
+            problems.add(
+                "--context-column, --ending-columns and --label-column must name different columns",
+                "check the column flags",
+            )
+        for name in ("train_file", "validation_file"):
+            path = getattr(self, name)
+            if path is not None and data_extension(path) == "txt":
+                problems.add(
+                    f"--{name.replace('_', '-')} {path}: multiple choice needs records with "
+                    "columns, not plain text",
+                    "use a csv, json, jsonl or parquet file",
+                )
+
+
+def label_value(value: Any, choices: int) -> int | None:
+    """The label as a choice index, or None when it isn't one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value.strip())
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and 0 <= value < choices:
+        return value
+    return None
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def _header(value: Any) -> str:
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _encode_choices(
+    examples: dict[str, list[Any]],
+    *,
+    tokenizer: PreTrainedTokenizerBase,
+    context: str,
+    question: str | None,
+    endings: list[str],
+    label: str,
+    max_length: int,
+    pad_to_max_length: bool,
+) -> dict[str, Any]:
+    choices = len(endings)
+    contexts = examples[context]
+    headers = examples[question] if question else [None] * len(contexts)
+    firsts = [text for text in contexts for _ in range(choices)]
+    seconds = [
+        f"{_header(header)} {examples[ending][i]}".strip()
+        for i, header in enumerate(headers)
+        for ending in endings
+    ]
+    encoded = tokenizer(
+        firsts,
+        seconds,
+        truncation=True,
+        max_length=max_length,
+        padding="max_length" if pad_to_max_length else False,
+    )
+    out: dict[str, Any] = {
+        key: [values[i : i + choices] for i in range(0, len(values), choices)]
+        for key, values in encoded.items()
+    }
+    out["labels"] = [label_value(value, choices) for value in examples[label]]
+    return out
+
+
+def _choice(logits: Any, labels: Any) -> tuple[Any, Any]:
+    return logits.argmax(dim=-1), labels
+
+
+class Swag(Objective):
+    name = "swag"
+    summary = "Multiple choice (SWAG-style: a context and two or more endings)"
+    task_tag = "multiple-choice"
+    config_class = SwagConfig
+    tokenizer_algorithm = "wordpiece"
+    reports_perplexity = False
+    example_models = "bert, roberta, distilbert, albert"
+
+    def auto_model_class(self) -> Any:
+        from transformers import AutoModelForMultipleChoice
+
+        return AutoModelForMultipleChoice
+
+    def _question(self, config: SwagConfig, dataset: Dataset) -> str | None:
+        name = config.question_column
+        if not name or (name == DEFAULT_QUESTION_COLUMN and name not in dataset.column_names):
+            return None
+        return name
+
+    def check_records(
+        self, config: TrainConfig, dataset: Dataset, where: str, path: str | None
+    ) -> None:
+        assert isinstance(config, SwagConfig)
+        columns = list(dataset.column_names)
+        listed = ", ".join(columns)
+        required = [
+            (config.context_column, "--context-column"),
+            *[(name, "--ending-columns") for name in config.endings],
+            (config.label_column, "--label-column"),
+        ]
+        question = self._question(config, dataset)
+        if question is not None:
+            required.insert(1, (question, "--question-column"))
+        for column, flag in required:
+            if column not in columns:
+                raise DataError(f"{where}: no column '{column}' (columns: {listed})", f"fix {flag}")
+        choices = len(config.endings)
+        bad: list[tuple[int, str]] = []
+        texts = [config.context_column, *config.endings]
+        for name in texts:
+            for index, value in enumerate(dataset[name]):
+                if _missing(value):
+                    bad.append((index, f"'{name}' is missing"))
+        for index, value in enumerate(dataset[config.label_column]):
+            if label_value(value, choices) is None:
+                shown = "missing" if value is None else repr(value)
+                bad.append(
+                    (
+                        index,
+                        f"label {shown} is not a choice (0 to {choices - 1} for {choices} endings)",
+                    )
+                )
+        if bad:
+            bad.sort()
+            index, reason = bad[0]
+            records = sorted({i for i, _ in bad})
+            more = f" ({len(records) - 1} more bad records)" if len(records) > 1 else ""
+            raise DataError(
+                f"{where}, {record_location(path, index)}: {reason}{more}",
+                "fix or remove those records, or the column flags (--label-column, "
+                "--ending-columns)",
+            )
+
+    def training_texts(
+        self, config: TrainConfig, train: Dataset, where: str
+    ) -> Iterator[list[str]]:
+        assert isinstance(config, SwagConfig)
+        question = self._question(config, train)
+        columns = [config.context_column, *([question] if question else []), *config.endings]
+        for start in range(0, len(train), 1000):
+            batch = train[start : start + 1000]
+            yield [text for column in columns for text in batch[column] if text]
+
+    def check_model(
+        self,
+        config: TrainConfig,
+        model_config: PretrainedConfig,
+        tokenizer: PreTrainedTokenizerBase,
+    ) -> None:
+        if tokenizer.pad_token is None:
+            raise ConfigError(
+                f"{tokenizer_source(config)}: the tokenizer has no padding token, which "
+                "batching the choices needs",
+                "use a BERT-style tokenizer, or --train-tokenizer when training from scratch",
+            )
+
+    def preprocess(
+        self,
+        config: TrainConfig,
+        raw: DatasetDict,
+        tokenizer: PreTrainedTokenizerBase,
+        model_config: PretrainedConfig,
+        console: Console,
+    ) -> DatasetDict:
+        import datasets
+
+        assert isinstance(config, SwagConfig)
+        length = resolve_sequence_length(
+            config.max_seq_length, "--max-seq-length", tokenizer, model_config, console
+        )
+        console.info(f"max sequence length: {length} tokens per choice")
+        tokenizer_key = tokenizer_fingerprint(tokenizer)
+        processed = {}
+        for split, dataset in raw.items():
+            question = self._question(config, dataset)
+            encode = partial(
+                _encode_choices,
+                tokenizer=tokenizer,
+                context=config.context_column,
+                question=question,
+                endings=config.endings,
+                label=config.label_column,
+                max_length=length,
+                pad_to_max_length=config.pad_to_max_length,
+            )
+            processed[split] = cached_map(
+                dataset,
+                encode,
+                key=(
+                    "choices",
+                    tokenizer_key,
+                    config.context_column,
+                    question,
+                    config.endings,
+                    config.label_column,
+                    length,
+                    config.pad_to_max_length,
+                ),
+                config=config,
+                description=f"tokenizing {split}",
+                remove_columns=list(dataset.column_names),
+            )
+            console.info(
+                f"{split}: {len(dataset)} records x {len(config.endings)} choices "
+                f"({split_source(config, split)})"
+            )
+        return datasets.DatasetDict(processed)
+
+    def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
+        assert isinstance(config, SwagConfig)
+        if config.pad_to_max_length:
+            from transformers import default_data_collator
+
+            return default_data_collator
+        from transformers import DataCollatorForMultipleChoice
+
+        mixed = config.fp16 or config.bf16
+        return DataCollatorForMultipleChoice(
+            tokenizer=tokenizer, pad_to_multiple_of=8 if mixed else None
+        )
+
+    def metrics(self) -> BatchMetrics:
+        from lmctl.metrics import BatchMetrics
+
+        return BatchMetrics(_choice)
+
+
+OBJECTIVE = Swag()
