@@ -13,7 +13,6 @@ and logs.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from lmctl import distributed, rundir
 from lmctl.engine.common import EngineResult, NonFiniteLoss, StepReporter, resolve_resume
 from lmctl.errors import ConfigError, DataError
+from lmctl.objectives.common import SeededCollator
 from lmctl.signals import StopRequest
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
     try:
         return session.run()
     finally:
-        session.accelerator.end_training()
+        session.close()
 
 
 def make_accelerator(config: TrainConfig, run_dir: Path) -> Any:
@@ -229,42 +229,6 @@ def make_plan(config: TrainConfig, batches_per_epoch: int | None) -> Plan:
     )
 
 
-class EpochSeededCollator:
-    """Runs a training collator with the torch RNG seeded by the run's seed, the epoch and the
-    batch's token ids, and leaves the global RNG untouched.
-
-    Random collators (masking, permutations) thus draw new masks every epoch, yet the same
-    ones in a resumed run as in an uninterrupted one: the global RNG, which a checkpoint
-    restores, is left to the model (dropout), and what the dataloader prefetched before a
-    checkpoint no longer matters. The same holds in every process and dataloader worker.
-    """
-
-    def __init__(self, collator: Any, seed: int) -> None:
-        self.collator = collator
-        self.seed = seed
-        self.epoch = 0
-
-    def __call__(self, features: list[Any]) -> Any:
-        import torch
-
-        digest = hashlib.blake2b(f"{self.seed}:{self.epoch}".encode(), digest_size=8)
-        for feature in features:
-            ids = feature.get("input_ids", feature) if isinstance(feature, dict) else feature
-            digest.update(_token_bytes(ids))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int.from_bytes(digest.digest(), "little") & (2**63 - 1))
-            return self.collator(features)
-
-
-def _token_bytes(ids: Any) -> bytes:
-    import numpy as np
-
-    try:
-        return np.asarray(ids, dtype=np.int64).tobytes()
-    except (TypeError, ValueError):  # ragged, e.g. the choices of a multiple-choice record
-        return repr(ids).encode()
-
-
 def _length(loader: Any) -> int | None:
     try:
         return len(loader)
@@ -327,6 +291,13 @@ class AccelerateRun:
         self._grad_norm: float | None = None
         self._learning_rate = 0.0
         self._preparation_time: float | None = None  # reported by an evaluation-only run
+
+    def close(self) -> None:
+        """Finish the trackers and the process group. The distributed model goes first: its
+        gradient reducer must not outlive the process group (its teardown would hang)."""
+        self.model = self.optimizer = self.scheduler = self.eval_loader = None
+        self.accelerator.free_memory()
+        self.accelerator.end_training()
 
     # The loop --------------------------------------------------------------------------------
     def run(self) -> EngineResult:
@@ -531,8 +502,10 @@ class AccelerateRun:
         if dataset is None:
             return None
         config = self.config
+        # Training collation never draws from the global RNG (see SeededCollator), which is
+        # left to the model and restored exactly on resume.
         collator = (
-            EpochSeededCollator(self.prepared.collator, config.seed)
+            SeededCollator(self.prepared.collator, config.seed)
             if train
             else self.prepared.eval_collator
         )

@@ -338,24 +338,28 @@ def pad_features(
 
 
 class SeededCollator:
-    """Makes a random collator (masking, permutations) deterministic for evaluation.
+    """Makes a random collator (masking, permutations) deterministic, without touching the
+    global RNG.
 
-    Each batch's random draws come from a generator seeded with ``seed`` and the batch's
-    token ids, so the same model and data give the same numbers in every evaluation, in any
-    process or dataloader worker, however many evaluations ran before.
+    Each batch's random draws come from a generator seeded with ``seed``, ``epoch`` and the
+    batch's token ids. Evaluation (epoch 0) gives the same numbers for the same model and
+    data in every process or dataloader worker, however many evaluations ran before. Training
+    (the accelerate engine sets ``epoch``) draws new masks every epoch, yet the same ones in a
+    resumed run as in an uninterrupted one, whatever the dataloader prefetched.
     """
 
     def __init__(self, collator: Any, seed: int) -> None:
         self.collator = collator
         self.seed = seed
+        self.epoch = 0
 
     def _batch_seed(self, features: list[dict[str, Any]]) -> int:
-        import numpy as np
-
         digest = hashlib.blake2b(str(self.seed).encode(), digest_size=8)
+        if self.epoch:
+            digest.update(f":{self.epoch}".encode())
         for feature in features:
             ids = feature["input_ids"] if isinstance(feature, dict) else feature
-            digest.update(np.asarray(ids, dtype=np.int64).tobytes())
+            digest.update(_token_bytes(ids))
             digest.update(b"|")
         return int.from_bytes(digest.digest(), "little") & (2**63 - 1)
 
@@ -365,6 +369,15 @@ class SeededCollator:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self._batch_seed(features))
             return self.collator(features)
+
+
+def _token_bytes(ids: Any) -> bytes:
+    import numpy as np
+
+    try:
+        return np.asarray(ids, dtype=np.int64).tobytes()
+    except (TypeError, ValueError):  # ragged, e.g. the choices of a multiple-choice record
+        return repr(ids).encode()
 
 
 def masked_positions(logits: Any, labels: Any) -> tuple[Any, Any]:
