@@ -416,15 +416,22 @@ def test_two_processes_on_cpu_train_together_and_resume(
     def launch(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         args = clm_args(bpe_tokenizer, text_files, out, "--checkpointing-steps", "10", steps=20)
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-        return subprocess.run(
+        proc = subprocess.Popen(
             [*command, "-m", "lmctl", *args, "--engine", "accelerate", *extra],
             cwd=tmp_path,
             env={**os.environ, "CI": "1", "OMP_NUM_THREADS": "1"},
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=600,
-            check=False,
+            start_new_session=True,
         )
+        try:
+            stdout, stderr = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every process it started
+            stdout, stderr = proc.communicate()
+            pytest.fail(f"the two processes did not finish:\n{stderr[-3000:]}")
+        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
     full = launch(tmp_path / "full")
     assert full.returncode == 0, full.stderr
