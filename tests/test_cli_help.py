@@ -40,6 +40,10 @@ def _heavy_modules(*args: str) -> tuple[list[str], str]:
         ("train", "clm", "--help"),
         ("train", "clm", "--learning-rate", "-1", "--train-file", "x.txt"),
         ("train", "clm", "--model-type", "gpt2", "--train-tokenizer", "100", "--dry-run"),
+        ("train", "clm", "--model-type", "gpt2", "--tokenizer", "t", "--streaming"),
+        ("prepare", "--help"),
+        ("prepare", "clm", "--help"),
+        ("prepare", "clm", "--tokenizer", "t", "--train-file", "missing.txt"),
     ],
 )
 def test_no_heavy_import(args: tuple[str, ...]) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from lmctl import __version__
-from lmctl.cli import train
+from lmctl.cli import prepare, train
 
 app = typer.Typer(
     name="lmctl",
@@ -20,6 +20,8 @@ app = typer.Typer(
 
 train.register()
 app.add_typer(train.train_app, name="train")
+prepare.register()
+app.add_typer(prepare.prepare_app, name="prepare")
 
 
 def _version(value: bool) -> None:

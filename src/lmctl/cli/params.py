@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import typer
 from pydantic import BaseModel, SecretStr
+from pydantic.fields import FieldInfo
 
 from lmctl.config.fields import field_extra, flag_name
 
@@ -47,12 +48,15 @@ def _shown_default(value: Any) -> str | bool:
     return str(value)
 
 
-def config_parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
-    """One keyword parameter (with its ``typer.Option``) per command-line config field."""
+def config_parameters(
+    model: type[BaseModel], include: Callable[[str, FieldInfo], bool] | None = None
+) -> list[inspect.Parameter]:
+    """One keyword parameter (with its ``typer.Option``) per command-line config field
+    (those ``include`` accepts, when given)."""
     params = []
     for name, info in model.model_fields.items():
         extra = field_extra(info)
-        if not extra.get("cli", True):
+        if not extra.get("cli", True) or (include is not None and not include(name, info)):
             continue
         cli_type = _cli_type(info.annotation)
         declared = list(extra.get("flags", []))

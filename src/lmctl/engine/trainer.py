@@ -52,6 +52,13 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         "dataloader_pin_memory": _has_accelerator(),
     }
     values.update(config.training_args)
+    if config.streaming:
+        # Each rank reads its own shards of the stream (accelerate shards a datasets
+        # IterableDataset by its shard list); the default for iterable data, dispatch_batches,
+        # would have rank 0 read everything and send slices to the others.
+        accelerator = dict(values.get("accelerator_config") or {})
+        accelerator.setdefault("dispatch_batches", False)
+        values["accelerator_config"] = accelerator
     try:
         return TrainingArguments(**values)
     except TypeError as exc:
@@ -77,6 +84,8 @@ def _make_trainer_class() -> type:
         """Stops on a non-finite loss and evaluates with the objective's eval collator."""
 
         eval_collator: Any = None
+        #: Examples seen by the last evaluation (streams have no length to read it from).
+        eval_samples: int = 0
 
         def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
             loss = super().training_step(model, inputs, num_items_in_batch)
@@ -92,6 +101,11 @@ def _make_trainer_class() -> type:
                 return super().get_eval_dataloader(eval_dataset)
             finally:
                 self.data_collator = train_collator
+
+        def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+            output = super().evaluation_loop(*args, **kwargs)
+            self.eval_samples = output.num_samples or 0
+            return output
 
     return LmctlTrainer
 
@@ -156,16 +170,29 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
             result.checkpoint = rundir.latest_checkpoint(prepared.run_dir)
             return result
         result.train_metrics = dict(output.metrics)
-        result.train_metrics["train_samples"] = len(prepared.train_dataset or [])
+        result.train_metrics["train_samples"] = _train_samples(prepared, args, trainer)
         trainer.save_model()
         trainer.save_state()
     if config.do_eval:
         result.eval_metrics = trainer.evaluate()
-        result.eval_metrics["eval_samples"] = len(prepared.eval_dataset or [])
+        result.eval_metrics["eval_samples"] = trainer.eval_samples
         if not config.do_train:
             prepared.tokenizer.save_pretrained(prepared.run_dir)
     result.global_step = trainer.state.global_step
     return result
+
+
+def _train_samples(prepared: Prepared, args: Any, trainer: Any) -> int:
+    """Training examples: the dataset's length, or for a stream the examples consumed."""
+    dataset = prepared.train_dataset
+    if dataset is not None and hasattr(dataset, "__len__"):
+        return len(dataset)
+    return int(
+        trainer.state.global_step
+        * args.per_device_train_batch_size
+        * args.gradient_accumulation_steps
+        * args.world_size
+    )
 
 
 def resolve_resume(config: TrainConfig, run_dir: Path, console: Console) -> str | None:

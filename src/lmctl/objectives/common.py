@@ -3,15 +3,16 @@ and a collator for fixed-length blocks."""
 
 from __future__ import annotations
 
-from functools import partial
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
-from lmctl.data import cached_map, group_into_blocks, text_column, tokenizer_fingerprint
+from lmctl.data import text_column
 from lmctl.errors import DataError
 from lmctl.modeling import max_positions
 
 if TYPE_CHECKING:
-    from datasets import DatasetDict
+    from datasets import Dataset, DatasetDict
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
     from lmctl.config.base import TrainConfig
@@ -65,24 +66,6 @@ def resolve_sequence_length(
     return length
 
 
-def _tokenize(
-    examples: dict[str, list[Any]],
-    *,
-    tokenizer: PreTrainedTokenizerBase,
-    column: str,
-    special_tokens_mask: bool,
-) -> dict[str, Any]:
-    encoded = tokenizer(
-        examples[column],
-        return_attention_mask=False,
-        return_special_tokens_mask=special_tokens_mask,
-    )
-    out = {"input_ids": encoded["input_ids"]}
-    if special_tokens_mask:
-        out["special_tokens_mask"] = encoded["special_tokens_mask"]
-    return out
-
-
 def tokenize_and_group(
     config: TrainConfig,
     raw: DatasetDict,
@@ -92,45 +75,60 @@ def tokenize_and_group(
     *,
     special_tokens_mask: bool = False,
 ) -> DatasetDict:
-    """Tokenize every text, concatenate, and cut into ``block_size`` blocks."""
-    import datasets
+    """Tokenize every text, concatenate, and cut into ``block_size`` blocks.
 
-    tokenizer_key = tokenizer_fingerprint(tokenizer)
-    processed = {}
-    for split, dataset in raw.items():
+    With ``--streaming`` this happens on the fly (:mod:`lmctl.stream`); otherwise the blocks
+    come from the prepared-data cache (:mod:`lmctl.prepared`), built on a miss by the fast
+    tokenizer (:mod:`lmctl.tokens`) with ``--preprocessing-num-workers`` processes.
+    """
+    if config.streaming:
+        from lmctl import stream
+
+        sources = cast("dict[str, stream.TextSource]", raw)
+        streams = stream.block_streams(
+            config, sources, tokenizer, block_size, console, special_tokens_mask=special_tokens_mask
+        )
+        return cast("DatasetDict", streams)
+    from lmctl.prepared import prepared_splits
+    from lmctl.tokens import TextEncoder, write_blocks
+
+    encoder = TextEncoder(tokenizer, special_tokens_mask=special_tokens_mask)
+
+    def build(split: str, dataset: Dataset, path: Path) -> dict[str, Any]:
         where = split_source(config, split)
         column = text_column(dataset, config.text_column, where)
-        tokenized = cached_map(
-            dataset,
-            partial(
-                _tokenize,
-                tokenizer=tokenizer,
-                column=column,
-                special_tokens_mask=special_tokens_mask,
-            ),
-            key=("tokenize", tokenizer_key, column, special_tokens_mask),
-            config=config,
-            description=f"tokenizing {split}",
-            remove_columns=list(dataset.column_names),
-        )
-        blocks = cached_map(
-            tokenized,
-            partial(group_into_blocks, block_size=block_size),
-            key=("group", block_size),
-            config=config,
-            description=f"grouping {split} into blocks of {block_size}",
-        )
-        if len(blocks) == 0:
-            total = sum(len(ids) for ids in tokenized["input_ids"])
+        workers = config.preprocessing_num_workers or 1
+        stats = write_blocks(dataset, column, encoder, block_size, path, workers=workers)
+        if stats.blocks == 0:
             raise DataError(
-                f"{where}: {total} tokens, too few for one block of {block_size}",
+                f"{where}: {stats.tokens} tokens, too few for one block of {block_size}",
                 "use a smaller --block-size/--max-seq-length, or more data",
             )
         console.info(
-            f"{split}: {len(dataset)} records -> {len(blocks)} blocks of {block_size} tokens"
+            f"{split}: {stats.texts} records -> {stats.blocks} blocks of {block_size} tokens"
         )
-        processed[split] = blocks
-    return datasets.DatasetDict(processed)
+        return asdict(stats)
+
+    return prepared_splits(
+        config,
+        raw,
+        tokenizer,
+        console,
+        params={
+            "kind": "blocks",
+            "block_size": block_size,
+            "special_tokens_mask": special_tokens_mask,
+        },
+        text_options=text_options_of(config),
+        build=build,
+    )
+
+
+def text_options_of(config: TrainConfig) -> dict[str, Any]:
+    """The raw-reading options that change the texts (part of the prepared-data key)."""
+    from lmctl.objectives import get_objective
+
+    return get_objective(config.objective).text_options(config) if config.objective else {}
 
 
 class BlockCollator:

@@ -1,0 +1,79 @@
+"""Streaming and `lmctl prepare` through the command line, as a user or CI job runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_GPT2, lmctl
+
+
+def test_streaming_without_max_steps_is_a_config_error(text_files: tuple[Path, Path]) -> None:
+    train, _ = text_files
+    proc = lmctl("train", "clm", *TINY_GPT2, "--tokenizer", "tok", "--train-file", train,
+                 "--streaming")  # fmt: skip
+    assert proc.returncode == 2
+    assert "--streaming needs --max-steps" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_prepare_refuses_streaming_from_a_config(
+    tmp_path: Path, text_files: tuple[Path, Path]
+) -> None:
+    train, _ = text_files
+    config = tmp_path / "c.yaml"
+    config.write_text(f"train_file: {train}\ntokenizer_name: tok\nstreaming: true\n")
+    proc = lmctl("prepare", "clm", "--config", config)
+    assert proc.returncode == 2
+    assert "does not stream" in proc.stderr
+
+
+@pytest.mark.e2e
+def test_streaming_train_run(
+    tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path
+) -> None:
+    train, valid = text_files
+    out = tmp_path / "run"
+    proc = lmctl(
+        "train", "clm", *TINY_GPT2, "--tokenizer", bpe_tokenizer,
+        "--train-file", train, "--validation-file", valid,
+        "--streaming", "--max-steps", "10", "--block-size", "32",
+        "--per-device-train-batch-size", "4", "--max-eval-samples", "16",
+        "--dataloader-num-workers", "2", "--json", "-o", out,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["global_step"] == 10
+    metrics = json.loads((out / "all_results.json").read_text())
+    assert metrics["train_samples"] == 40
+    assert metrics["eval_samples"] == 16
+    assert "perplexity" in metrics
+    assert "streaming" in proc.stderr
+    assert (out / "model.safetensors").is_file()
+
+
+@pytest.mark.e2e
+def test_prepare_then_train_reuses_the_cache(
+    tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path
+) -> None:
+    train, valid = text_files
+    data = ("--train-file", train, "--validation-file", valid, "--block-size", "32")
+    cache = ("--prepared-cache-dir", tmp_path / "cache")
+    proc = lmctl("prepare", "clm", "--tokenizer", bpe_tokenizer, *data, *cache, "--json")
+    assert proc.returncode == 0, proc.stderr
+    prepared = json.loads(proc.stdout)
+    assert prepared["splits"]["train"]["rows"] > 0
+    assert prepared["splits"]["validation"]["rows"] > 0
+    assert "prepared data cached in" in proc.stderr
+
+    proc = lmctl(
+        "train", "clm", *TINY_GPT2, "--tokenizer", bpe_tokenizer, *data, *cache,
+        "--max-steps", "2", "-o", tmp_path / "run",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    reuse = [line for line in proc.stderr.splitlines() if "reusing prepared data" in line]
+    assert len(reuse) == 1, proc.stderr
+    assert f"train {prepared['splits']['train']['rows']} rows" in reuse[0]
+    assert "preparing" not in proc.stderr
