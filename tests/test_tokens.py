@@ -26,7 +26,17 @@ def wordpiece_tokenizer() -> Any:
     )
 
 
-TEXTS = ["Hello world.\n", "", "\n", "  spaced   out  ", "ÉTÉ à Paris [SEP] x", "last"]
+TEXTS = [
+    "Hello world.\n",
+    "",
+    "\n",
+    "  spaced   out  ",
+    "\n",
+    "ÉTÉ à Paris [SEP] x",
+    "Hello world.\n",
+    "",
+    "last",
+]
 
 
 def test_encoder_matches_the_tokenizer(bpe_tokenizer: Path, wordpiece_tokenizer: Any) -> None:

@@ -3,7 +3,8 @@
 The prepared-data cache (:mod:`lmctl.prepared`) and streaming (:mod:`lmctl.stream`) share
 these pieces. They are fast because nothing is built that the model does not need: the
 tokenizer's Rust backend encodes large batches (it releases the GIL, so the next batch is
-encoded while the previous one is copied out), no attention masks, offsets or labels are kept
+encoded while the previous one is copied out), each distinct text of a batch only once (blank
+and repeated lines are common), no attention masks, offsets or labels are kept
 (the collator derives labels from ``input_ids``), ids go straight into one flat ``int32``
 array, and blocks are cut with numpy and written as Arrow fixed-size lists.
 
@@ -79,32 +80,45 @@ class TextEncoder:
                 self._backend = backend
         return self._backend or None
 
-    def encode_raw(self, texts: list[str]) -> Any:
-        """The expensive, GIL-free part: run the tokenizer on ``texts``."""
+    def encode_raw(self, texts: list[str]) -> tuple[Any, list[int] | None]:
+        """The expensive, GIL-free part: run the tokenizer on the distinct texts of ``texts``
+        (blank and repeated lines are common in text files), and where each text's is."""
+        distinct = dict.fromkeys(texts)
+        order = None
+        if len(distinct) < len(texts):
+            position = {text: index for index, text in enumerate(distinct)}
+            order = [position[text] for text in texts]
+            texts = list(distinct)
         backend = self._fast_backend()
         if backend is not None:
-            return backend.encode_batch_fast(texts, add_special_tokens=True)
-        return self.tokenizer(
+            return backend.encode_batch_fast(texts, add_special_tokens=True), order
+        encoded = self.tokenizer(
             texts,
             return_attention_mask=False,
             return_special_tokens_mask=self.special_tokens_mask,
             verbose=False,
         )
+        return encoded, order
 
-    def flatten(self, raw: Any) -> Encoded:
+    def flatten(self, raw: tuple[Any, list[int] | None]) -> Encoded:
         """The cheap part: copy ids (and mask) out of the encodings into flat arrays."""
         import numpy as np
 
-        if isinstance(raw, list):
-            ids_lists = [encoding.ids for encoding in raw]
+        encoded, order = raw
+        if isinstance(encoded, list):
+            ids_lists = [encoding.ids for encoding in encoded]
             mask_lists = (
-                [encoding.special_tokens_mask for encoding in raw]
+                [encoding.special_tokens_mask for encoding in encoded]
                 if self.special_tokens_mask
                 else None
             )
         else:
-            ids_lists = raw["input_ids"]
-            mask_lists = raw["special_tokens_mask"] if self.special_tokens_mask else None
+            ids_lists = encoded["input_ids"]
+            mask_lists = encoded["special_tokens_mask"] if self.special_tokens_mask else None
+        if order is not None:
+            ids_lists = [ids_lists[index] for index in order]
+            if mask_lists is not None:
+                mask_lists = [mask_lists[index] for index in order]
         count = sum(map(len, ids_lists))
         ids = np.fromiter(chain.from_iterable(ids_lists), dtype=IDS_DTYPE, count=count)
         mask = None
