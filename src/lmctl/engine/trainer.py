@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,8 @@ def _make_trainer_class() -> type:
         eval_collator: Any = None
         #: Examples seen by the last evaluation (streams have no length to read it from).
         eval_samples: int = 0
+        #: With --streaming, the StreamPosition callback that checkpoints record.
+        stream_position: Any = None
 
         def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
             loss = super().training_step(model, inputs, num_items_in_batch)
@@ -107,7 +110,71 @@ def _make_trainer_class() -> type:
             self.eval_samples = output.num_samples or 0
             return output
 
+        def _init_training_state(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+            """Resume a stream at the pass and batch the checkpoint recorded.
+
+            The Trainer counts a stream's position as if it never ended (pass 0, batch
+            ``global_step``); once the data has been read more than once that points past the
+            end of the first pass. The recorded position is exact.
+            """
+            epochs, batches = super()._init_training_state(*args, **kwargs)
+            checkpoint = kwargs.get("resume_from_checkpoint", args[3] if len(args) > 3 else None)
+            if self.stream_position is None or checkpoint is None or self.args.ignore_data_skip:
+                return epochs, batches
+            recorded = read_stream_position(Path(checkpoint))
+            if recorded is None:
+                return epochs, batches
+            self.stream_position.resume_at(*recorded)
+            return recorded
+
     return LmctlTrainer
+
+
+STREAM_POSITION_FILE = "stream_position.json"
+
+
+def read_stream_position(checkpoint: Path) -> tuple[int, int] | None:
+    try:
+        data = json.loads((checkpoint / STREAM_POSITION_FILE).read_text(encoding="utf-8"))
+        return int(data["epoch"]), int(data["batches"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _stream_position_class() -> type:
+    from transformers import TrainerCallback
+
+    class StreamPosition(TrainerCallback):
+        """Which pass over the stream training is in and how many batches of it were read;
+        written into every checkpoint so that a resumed run reads on from the same place."""
+
+        def __init__(self) -> None:
+            self.epoch = -1
+            self.batches = 0
+            self._resuming = False
+
+        def resume_at(self, epoch: int, batches: int) -> None:
+            self.epoch, self.batches, self._resuming = epoch, batches, True
+
+        def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self._resuming:
+                self._resuming = False
+                return
+            self.epoch += 1
+            self.batches = 0
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.batches += args.gradient_accumulation_steps
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if not state.is_world_process_zero:
+                return
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if folder.is_dir():
+                position = {"epoch": self.epoch, "batches": self.batches}
+                (folder / STREAM_POSITION_FILE).write_text(json.dumps(position) + "\n")
+
+    return StreamPosition
 
 
 def _callback_class() -> type:
@@ -159,6 +226,9 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
     )
     trainer.eval_collator = prepared.eval_collator
     trainer.remove_callback(PrinterCallback)
+    if config.streaming:
+        trainer.stream_position = _stream_position_class()()
+        trainer.add_callback(trainer.stream_position)
 
     result = EngineResult()
     if config.do_train:
