@@ -109,3 +109,72 @@ def test_resumed_stream_reads_on_from_the_checkpoint(tmp_path: Path, bpe_tokeniz
     original = losses(first)
     for step, loss in resumed.items():
         assert loss == pytest.approx(original[step], abs=1e-6), step
+
+
+@pytest.mark.e2e
+def test_concurrent_processes_prepare_once(tmp_path: Path, bpe_tokenizer: Path) -> None:
+    """As ranks of a distributed run: one process prepares, the other waits and reuses."""
+    import os
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(("\n".join(corpus_lines()) + "\n") * 4)
+    args = [
+        sys.executable, "-m", "lmctl", "prepare", "clm", "--tokenizer", str(bpe_tokenizer),
+        "--train-file", str(corpus), "--no-eval", "--block-size", "64",
+        "--prepared-cache-dir", str(tmp_path / "cache"),
+    ]  # fmt: skip
+    env = {**os.environ, "CI": "1"}
+    procs = [
+        subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    logs = [proc.communicate(timeout=600)[1] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], logs
+    built = [log for log in logs if "prepared data cached in" in log]
+    assert len(built) == 1, logs
+    other = logs[1 - logs.index(built[0])]
+    assert "waiting for it" in other or "reusing prepared data" in other
+
+
+@pytest.mark.slow
+def test_trainer_ranks_read_disjoint_shards(tmp_path: Path) -> None:
+    """Two DDP ranks (torchrun, CPU) with two dataloader workers each: every rank trains on
+    lines from its own shards only, and no line twice."""
+    import os
+    import subprocess
+    import sys
+
+    lines = 4000
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"w{n}\n" for n in range(lines)))
+    probe = Path(__file__).with_name("distributed_stream_probe.py")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         str(probe), str(corpus), str(tmp_path), str(lines)],
+        env={**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    shards = ranks[0]["shards"]
+    assert sorted(n for shard in shards.values() for n in shard) == list(range(lines))
+    seen = [rank["seen"] for rank in ranks]
+    assert all(len(tokens) == 10 * 4 * 4 for tokens in seen)  # steps x batch x block
+    assert not set(seen[0]) & set(seen[1]), "two ranks trained on the same line"
+
+    opened: dict[str, list[str]] = {}  # shard -> the processes that read it
+    for log in tmp_path.glob("reads-*.txt"):
+        _, rank, pid = log.stem.split("-")
+        if int(pid) == ranks[int(rank)]["main_pid"]:
+            continue  # the up-front check for a first block, before training
+        for shard in log.read_text().split():
+            opened.setdefault(shard, []).append(f"rank {rank} pid {pid}")
+    readers = {reader for names in opened.values() for reader in names}
+    assert len(readers) == 4, f"2 ranks x 2 workers should all read: {opened}"
+    assert all(len(names) == 1 for names in opened.values()), f"a shard was read twice: {opened}"
+    shard_of = {n: start for start, shard in shards.items() for n in shard}
+    for rank, tokens in enumerate(seen):
+        own = {shard for shard, names in opened.items() if names[0].startswith(f"rank {rank} ")}
+        assert {str(shard_of[n]) for n in tokens} <= own, "a rank trained on another's shard"
