@@ -161,3 +161,18 @@ def test_cache_root_default_and_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert cache_root(config) == Path("/xdg/lmctl/prepared")
     explicit = ClmConfig.model_construct(prepared_cache_dir="~/mine")
     assert cache_root(explicit) == Path("~/mine").expanduser()
+
+
+def test_remote_file_identity_follows_the_object() -> None:
+    import fsspec
+
+    from lmctl.prepared import file_identity
+
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/lmctl-identity/a.txt", b"one\n")
+    before = file_identity("memory://lmctl-identity/a.txt")
+    memory.pipe("/lmctl-identity/a.txt", b"one\ntwo\n")
+    after = file_identity("memory://lmctl-identity/a.txt")
+    assert before["size"] == 4 and after["size"] == 8
+    [matched] = file_identity("memory://lmctl-identity/*.txt")["files"]
+    assert matched["size"] == 8

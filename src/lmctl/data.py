@@ -244,21 +244,6 @@ def cached_map(
     )
 
 
-def group_into_blocks(examples: dict[str, list[list[int]]], block_size: int) -> dict[str, Any]:
-    """Concatenate token lists and cut them into ``block_size`` blocks, dropping the rest."""
-    import numpy as np
-
-    out: dict[str, Any] = {}
-    for column, sequences in examples.items():
-        if not sequences:
-            out[column] = []
-            continue
-        flat = np.concatenate([np.asarray(sequence, dtype=np.int64) for sequence in sequences])
-        usable = (len(flat) // block_size) * block_size
-        out[column] = flat[:usable].reshape(-1, block_size).tolist()
-    return out
-
-
 def silence_libraries() -> None:
     """Keep library progress bars and info logs out of lmctl's own output."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

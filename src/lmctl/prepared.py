@@ -68,13 +68,38 @@ def cache_root(config: TrainConfig) -> Path:
 def file_identity(path: str) -> dict[str, Any]:
     """A data path's identity: absolute path, size and modification time of every file."""
     if is_remote(path):
-        return {"path": path}
+        return _remote_identity(path)
     if has_glob(path):
         pattern = str(local_path(path).absolute())
         return {"path": pattern, "files": [file_identity(match) for match in matching_files(path)]}
     resolved = local_path(path).resolve()
     stat = resolved.stat()
     return {"path": str(resolved), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+#: Fields of an fsspec ``info()`` record that change when an object's content changes.
+_VERSION_FIELDS = (
+    "ETag",
+    "etag",
+    "md5Hash",
+    "md5",
+    "generation",
+    "mtime",
+    "LastModified",
+    "updated",
+)
+
+
+def _remote_identity(path: str) -> dict[str, Any]:
+    from fsspec.core import url_to_fs
+
+    fs, inner = url_to_fs(path)
+    if has_glob(path):
+        return {"path": path, "files": [_remote_identity(fs.unstrip_protocol(match))
+                                        for match in sorted(fs.glob(inner))]}  # fmt: skip
+    info = fs.info(inner)
+    version = {key: str(info[key]) for key in _VERSION_FIELDS if info.get(key) is not None}
+    return {"path": path, "size": info.get("size"), **version}
 
 
 def split_identity(config: TrainConfig, split: str, dataset: Dataset) -> dict[str, Any]:

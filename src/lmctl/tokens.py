@@ -247,7 +247,6 @@ class RangeJob:
 
 def tokenize_range(job: RangeJob) -> int:
     """Encode a range of rows into ``<prefix>.ids`` (and ``.mask``); returns the token count."""
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     count = 0
     mask_path = job.prefix + ".mask" if job.encoder.special_tokens_mask else os.devnull
     with open(job.prefix + ".ids", "wb") as ids_file, open(mask_path, "wb") as mask_file:
@@ -258,6 +257,11 @@ def tokenize_range(job: RangeJob) -> int:
                 chunk.mask.tofile(mask_file)
             count += len(chunk.ids)
     return count
+
+
+def _one_thread_per_worker() -> None:
+    """Workers are the parallelism: no Rust thread pool inside each of them."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
 def _read_tokens(prefix: str, with_mask: bool) -> Iterator[Encoded]:
@@ -338,6 +342,8 @@ def _run_in_processes(jobs: list[RangeJob]) -> None:
 
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     context = multiprocessing.get_context(method)
-    with ProcessPoolExecutor(max_workers=len(jobs), mp_context=context) as pool:
+    with ProcessPoolExecutor(
+        max_workers=len(jobs), mp_context=context, initializer=_one_thread_per_worker
+    ) as pool:
         for _ in pool.map(tokenize_range, jobs):
             pass
