@@ -22,18 +22,23 @@ def corpus_lines() -> list[str]:
     return [line for line in EMBEDDED_CORPUS.read_text(encoding="utf-8").splitlines() if line]
 
 
-def write_corpus(path: Path, megabytes: float) -> Path:
+def write_corpus(path: Path, megabytes: float, distinct: bool = False) -> Path:
     """A line-per-record text file of about ``megabytes`` MB: the shipped corpus in its
-    natural order (blank lines, speaker names and all), copied until the size is reached."""
+    natural order (blank lines, speaker names and all), copied until the size is reached.
+    ``distinct`` numbers every line, so that no two lines are the same."""
     text = EMBEDDED_CORPUS.read_text(encoding="utf-8")
-    if not text.endswith("\n"):
-        text += "\n"
+    lines = text.splitlines()
     target = int(megabytes * 1024 * 1024)
-    written = 0
+    written = number = 0
     with path.open("w", encoding="utf-8") as handle:
         while written < target:
-            handle.write(text)
-            written += len(text.encode())
+            if distinct:
+                chunk = "".join(f"{number + i} {line}\n" for i, line in enumerate(lines))
+                number += len(lines)
+            else:
+                chunk = "\n".join(lines) + "\n"
+            handle.write(chunk)
+            written += len(chunk.encode())
     return path
 
 
