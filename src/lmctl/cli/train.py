@@ -156,7 +156,8 @@ def run_train(
     from lmctl.engine import train
 
     result = train(config, objective, console)
-    console.summary(f"lmctl train {name}: {result['output_dir']}", headline(result["metrics"]))
+    if is_main_process():
+        console.summary(f"lmctl train {name}: {result['output_dir']}", headline(result["metrics"]))
     return result
 
 

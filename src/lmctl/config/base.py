@@ -48,6 +48,15 @@ LrScheduler = Literal[
 Strategy = Literal["no", "steps", "epoch"]
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Engine = Literal["trainer", "accelerate"]
+#: ``training_args`` keys (TrainingArguments fields) that the accelerate engine honours too.
+ACCELERATE_TRAINING_ARGS = frozenset(
+    {"adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler_kwargs"}
+)
+#: Schedules that need ``training_args.lr_scheduler_kwargs``: name -> keys, one of which is needed.
+SCHEDULER_KWARGS = {
+    "cosine_with_min_lr": ("min_lr", "min_lr_rate"),
+    "warmup_stable_decay": ("num_decay_steps",),
+}
 _OVERRIDE_ITEM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=[^,=]*$")
 
 
@@ -309,7 +318,13 @@ class TrainConfig(StrictModel):
     )
     report_to: list[str] = option(
         [],
-        "Experiment trackers to log to (tensorboard, wandb, mlflow, ...); repeat the flag.",
+        "Experiment trackers to log to (tensorboard, wandb, mlflow, ..., or all); repeat the flag.",
+        panel=PANEL_TRAINING,
+    )
+    with_tracking: bool = option(
+        False,
+        "Log to experiment trackers: those of --report-to, or every installed one when "
+        "--report-to is not given.",
         panel=PANEL_TRAINING,
     )
     training_args: dict[str, Any] = option(
@@ -329,6 +344,12 @@ class TrainConfig(StrictModel):
     )
     save_strategy: Strategy = option("steps", "When to save checkpoints.", panel=PANEL_EVAL)
     save_steps: float = option(500, "Save a checkpoint every N steps.", panel=PANEL_EVAL, gt=0)
+    checkpointing_steps: str | None = option(
+        None,
+        "Save a checkpoint every N steps, or 'epoch' (or 'no'): the no_trainer spelling of "
+        "--save-strategy/--save-steps, which it sets.",
+        panel=PANEL_EVAL,
+    )
     save_total_limit: int | None = option(
         None,
         "Keep at most N checkpoints; the newest, and the best one with "
@@ -368,6 +389,34 @@ class TrainConfig(StrictModel):
             value = [item for item in value if item != "none"]
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_trainer_spellings(cls, data: Any) -> Any:
+        """``checkpointing_steps N|epoch`` sets the save strategy that both engines honour; it is
+        then cleared so the resolved config says it one way only."""
+        if not isinstance(data, dict):
+            return data
+        value = data.get("checkpointing_steps")
+        if value is None:
+            return data
+        data = {**data, "checkpointing_steps": None}
+        text = str(value).strip().lower()
+        if text in ("epoch", "no"):
+            data["save_strategy"] = text
+        elif text.isdigit() and int(text) > 0:
+            data["save_strategy"] = "steps"
+            data["save_steps"] = int(text)
+        else:
+            raise ConfigProblems(
+                [
+                    (
+                        f"--checkpointing-steps {value}: not a number of steps or 'epoch'",
+                        "e.g. --checkpointing-steps 500 or --checkpointing-steps epoch",
+                    )
+                ]
+            )
+        return data
+
     @field_validator("imports")
     @classmethod
     def _absolute_module_files(cls, value: list[str]) -> list[str]:
@@ -384,6 +433,8 @@ class TrainConfig(StrictModel):
         problems = Problems((info.context or {}).get("command", "train"))
         self.check(problems)
         problems.raise_if_any()
+        if self.with_tracking and not self.report_to:
+            self.report_to = ["all"]
         return self
 
     def check(self, problems: Problems) -> None:
@@ -474,6 +525,15 @@ class TrainConfig(StrictModel):
             )
         if self.eval_strategy == "steps" and self.eval_steps is None:
             problems.add("--eval-strategy steps needs --eval-steps", "e.g. --eval-steps 100")
+        self._check_schedule(problems)
+        if self.engine == "accelerate":
+            ignored = sorted(set(self.training_args) - ACCELERATE_TRAINING_ARGS)
+            if ignored:
+                problems.add(
+                    f"training_args {', '.join(ignored)}: not used by --engine accelerate "
+                    f"(it takes {', '.join(sorted(ACCELERATE_TRAINING_ARGS))})",
+                    "remove them, or use --engine trainer",
+                )
         if not (self.do_train or self.do_eval):
             problems.add("nothing to do: both training and evaluation are off", "drop --no-train")
         if self.push_to is not None:
@@ -495,6 +555,22 @@ class TrainConfig(StrictModel):
                     f"--resume-from-checkpoint {ckpt}: no such directory",
                     "give a checkpoint directory, or 'auto' for the newest in --output-dir",
                 )
+
+    def _check_schedule(self, problems: Problems) -> None:
+        if self.lr_scheduler_type == "reduce_lr_on_plateau" and self.eval_strategy == "no":
+            problems.add(
+                "--lr-scheduler-type reduce_lr_on_plateau needs evaluations during training",
+                "add --eval-strategy epoch (or steps with --eval-steps)",
+            )
+        needed = SCHEDULER_KWARGS.get(self.lr_scheduler_type)
+        given = self.training_args.get("lr_scheduler_kwargs") or {}
+        if needed and not any(key in given for key in needed):
+            problems.add(
+                f"--lr-scheduler-type {self.lr_scheduler_type} needs "
+                f"training_args.lr_scheduler_kwargs.{' or '.join(needed)}",
+                f"set it in the config file, e.g. training_args: {{lr_scheduler_kwargs: "
+                f"{{{needed[0]}: ...}}}}",
+            )
 
     def _check_push(self, problems: Problems) -> None:
         from lmctl.errors import ConfigError

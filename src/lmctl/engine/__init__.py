@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 ENGINES: dict[str, str] = {
     "trainer": "lmctl.engine.trainer",
+    "accelerate": "lmctl.engine.accelerate",
 }
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmctl import rundir
 from lmctl.console import Console
 from lmctl.signals import StopRequest
+
+if TYPE_CHECKING:
+    from lmctl.config.base import TrainConfig
 
 # Keys from the engine's log records shown in the progress display, with their short names.
 PROGRESS_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad"}
@@ -84,3 +87,20 @@ class StepReporter:
     def end(self) -> None:
         if self.is_main:
             self.console.stop_progress()
+
+
+def resolve_resume(config: TrainConfig, run_dir: Path, console: Console) -> str | None:
+    """The checkpoint to resume from: the one named, or with 'auto' the newest complete one."""
+    if config.resume_from_checkpoint is None:
+        return None
+    if config.resume_from_checkpoint != "auto":
+        return config.resume_from_checkpoint
+    skipped: list[tuple[Path, str]] = []
+    latest = rundir.latest_checkpoint(run_dir, skipped)
+    for checkpoint, problem in skipped:
+        console.warn(f"skipping {checkpoint}: {problem}")
+    if latest is None:
+        console.info(f"no checkpoint in {run_dir} yet: starting from step 0")
+        return None
+    console.info(f"resuming from {latest}")
+    return str(latest)

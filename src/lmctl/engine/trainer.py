@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl.engine.common import EngineResult, NonFiniteLoss, StepReporter
+from lmctl.engine.common import EngineResult, NonFiniteLoss, StepReporter, resolve_resume
 from lmctl.errors import ConfigError
 from lmctl.signals import StopRequest
 
@@ -369,21 +369,3 @@ def _train_samples(prepared: Prepared, args: Any, trainer: Any) -> int:
         * args.gradient_accumulation_steps
         * args.world_size
     )
-
-
-def resolve_resume(config: TrainConfig, run_dir: Path, console: Console) -> str | None:
-    from lmctl import rundir
-
-    if config.resume_from_checkpoint is None:
-        return None
-    if config.resume_from_checkpoint != "auto":
-        return config.resume_from_checkpoint
-    skipped: list[tuple[Path, str]] = []
-    latest = rundir.latest_checkpoint(run_dir, skipped)
-    for checkpoint, problem in skipped:
-        console.warn(f"skipping {checkpoint}: {problem}")
-    if latest is None:
-        console.info(f"no checkpoint in {run_dir} yet: starting from step 0")
-        return None
-    console.info(f"resuming from {latest}")
-    return str(latest)

@@ -1,0 +1,775 @@
+"""The ``accelerate`` engine: one plain training loop on ``accelerate.Accelerator``.
+
+The counterpart of the upstream ``*_no_trainer.py`` scripts, shared by every objective: the
+loop in :meth:`AccelerateRun.train` is the whole of training. It keeps the ``trainer``
+engine's contracts, so that switching engines changes one flag and nothing else: the same log
+and result keys, the same run directory (checkpoints written atomically with
+``trainer_state.json`` last, the final model saved with ``save_pretrained``), graceful stop,
+and a resume that continues exactly where the run stopped.
+
+Runs under ``accelerate launch`` / ``torchrun`` as well; only the main process writes files
+and logs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmctl import distributed, rundir
+from lmctl.engine.common import EngineResult, NonFiniteLoss, StepReporter, resolve_resume
+from lmctl.errors import ConfigError, DataError
+from lmctl.signals import StopRequest
+
+if TYPE_CHECKING:
+    from lmctl.config.base import TrainConfig
+    from lmctl.console import Console
+    from lmctl.pipeline import Prepared
+
+#: Parameters whose names match these get no weight decay (the Trainer's own rule), besides
+#: every parameter of a LayerNorm module.
+NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
+#: Where a checkpoint's ``trainer_state.json`` records the data position (under
+#: ``stateful_callbacks``); its presence also marks a checkpoint of this engine.
+DATA_POSITION = "AccelerateDataPosition"
+#: Tracker project name (wandb project, mlflow experiment, tensorboard folder under runs/).
+TRACKING_PROJECT = "lmctl"
+
+
+def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult:
+    logging.getLogger("accelerate").setLevel(logging.ERROR)
+    session = AccelerateRun(prepared, console, stop)
+    try:
+        return session.run()
+    finally:
+        session.accelerator.end_training()
+
+
+def make_accelerator(config: TrainConfig, run_dir: Path) -> Any:
+    """An Accelerator for ``config``; a setting it cannot honour becomes a config error.
+
+    The sampler is seeded per epoch (``seed + epoch``), so the data order of any epoch can be
+    replayed on resume, and matches the ``trainer`` engine's. Streaming data is not dispatched
+    from the main process: every process reads its own shards. Without --bf16/--fp16 the mixed
+    precision of ``accelerate launch --mixed_precision`` (or its config) applies. Several
+    processes launched on a machine without an accelerator train together on its CPUs
+    (Accelerate alone would run each of them as a separate single-process job).
+    """
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
+
+    precision = "bf16" if config.bf16 else "fp16" if config.fp16 else None
+    cpu_only = distributed.world_size() > 1 and not torch.accelerator.is_available()
+    try:
+        accelerator = Accelerator(
+            cpu=cpu_only,
+            gradient_accumulation_steps=config.gradient_accumulation_steps,
+            mixed_precision=precision,
+            log_with=trackers(config.report_to) or None,
+            project_config=ProjectConfiguration(
+                project_dir=str(run_dir), logging_dir=str(run_dir / "runs")
+            ),
+            dataloader_config=DataLoaderConfiguration(
+                use_seedable_sampler=True, data_seed=config.seed, dispatch_batches=False
+            ),
+            step_scheduler_with_optimizer=False,
+        )
+    except ValueError as exc:
+        raise ConfigError(
+            f"accelerate can't run this configuration: {exc}",
+            "check --bf16/--fp16 and the settings of accelerate launch or accelerate config",
+        ) from exc
+    if precision is not None and not (accelerator.native_amp or precision == "bf16"):
+        raise ConfigError(
+            f"--{precision}: mixed precision is not available on {accelerator.device.type}",
+            "use --bf16 on a CPU, or --fp16 on a CUDA GPU",
+        )
+    return accelerator
+
+
+def trackers(report_to: list[str]) -> list[str]:
+    """The Accelerate trackers named by --report-to; a tracker that is not installed is an
+    error here (Accelerate would silently skip it)."""
+    from accelerate.tracking import get_available_trackers
+    from accelerate.utils import LoggerType
+
+    known = set(LoggerType.list())
+    available = {tracker.value for tracker in get_available_trackers()}
+    for name in report_to:
+        if name not in known:
+            raise ConfigError(
+                f"--report-to {name}: not a tracker the accelerate engine knows",
+                "choose from " + ", ".join(sorted(known)),
+            )
+        if name != "all" and name not in available:
+            raise ConfigError(
+                f"--report-to {name}: its package is not installed",
+                f"pip install {name}, or drop --report-to {name}",
+            )
+    return list(report_to)
+
+
+def tracked_hyperparameters(config: TrainConfig) -> dict[str, Any]:
+    """The resolved config as trackers accept it: scalars only (lists and mappings as text)."""
+    from lmctl.config.loader import dump_config
+
+    values = {"objective": config.objective, **dump_config(config)}
+    return {
+        key: value if isinstance(value, (bool, int, float, str)) else str(value)
+        for key, value in values.items()
+        if value is not None
+    }
+
+
+def parameter_groups(model: Any, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW parameter groups: no weight decay on biases and LayerNorm weights."""
+    from torch import nn
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    decay = set(get_parameter_names(model, [nn.LayerNorm], NO_DECAY_PATTERNS))
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    return [
+        {"params": [p for name, p in named if name in decay], "weight_decay": weight_decay},
+        {"params": [p for name, p in named if name not in decay], "weight_decay": 0.0},
+    ]
+
+
+def make_optimizer(config: TrainConfig, model: Any) -> Any:
+    import torch
+
+    extra = config.training_args
+    return torch.optim.AdamW(
+        parameter_groups(model, config.weight_decay),
+        lr=config.learning_rate,
+        betas=(extra.get("adam_beta1", 0.9), extra.get("adam_beta2", 0.999)),
+        eps=extra.get("adam_epsilon", 1e-8),
+    )
+
+
+def make_scheduler(config: TrainConfig, optimizer: Any, max_steps: int) -> Any:
+    """Any --lr-scheduler-type through ``transformers.get_scheduler``, with warmup."""
+    from transformers import get_scheduler
+
+    warmup = (
+        math.ceil(config.warmup_ratio * max_steps)
+        if config.warmup_ratio is not None
+        else config.warmup_steps
+    )
+    return get_scheduler(
+        config.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=warmup,
+        num_training_steps=max_steps,
+        scheduler_specific_kwargs=config.training_args.get("lr_scheduler_kwargs") or {},
+    )
+
+
+@dataclass
+class Plan:
+    """How far the run goes: optimizer steps, epochs, and batches per epoch."""
+
+    batches_per_epoch: int | None  # None when the data has no length (streaming)
+    max_steps: int
+    epochs: int
+    logging_steps: int
+    eval_steps: int | None
+    save_steps: int
+
+    def position_after(self, epoch: int, batches_done: int) -> tuple[int, int]:
+        """(epoch, batches done in it) after a batch; the end of an epoch is the next one's
+        start."""
+        if self.batches_per_epoch is not None and batches_done >= self.batches_per_epoch:
+            return epoch + 1, 0
+        return epoch, batches_done
+
+    def epoch_progress(self, epoch: int, batches_done: int) -> float:
+        if not self.batches_per_epoch:
+            return float(epoch)
+        return epoch + batches_done / self.batches_per_epoch
+
+
+def make_plan(config: TrainConfig, batches_per_epoch: int | None) -> Plan:
+    """Step counts as the Trainer computes them: --max-steps overrides epochs; an epoch's last,
+    shorter accumulation window still makes an optimizer step."""
+    if batches_per_epoch == 0:
+        raise DataError(
+            "the training data gives no batch", "use more data or a smaller --block-size"
+        )
+    if batches_per_epoch is None:
+        if config.max_steps is None:
+            raise ConfigError(
+                "training data without a known length needs --max-steps", "e.g. --max-steps 1000"
+            )
+        max_steps, epochs = config.max_steps, 2**62
+    else:
+        steps_per_epoch = math.ceil(batches_per_epoch / config.gradient_accumulation_steps)
+        if config.max_steps is not None:
+            max_steps = config.max_steps
+            epochs = math.ceil(max_steps / steps_per_epoch)
+        else:
+            max_steps = math.ceil(config.num_train_epochs * steps_per_epoch)
+            epochs = math.ceil(config.num_train_epochs)
+
+    def interval(value: float) -> int:
+        return math.ceil(max_steps * value) if value < 1 else int(value)
+
+    return Plan(
+        batches_per_epoch=batches_per_epoch,
+        max_steps=max_steps,
+        epochs=epochs,
+        logging_steps=interval(config.logging_steps),
+        eval_steps=interval(config.eval_steps) if config.eval_steps else None,
+        save_steps=interval(config.save_steps),
+    )
+
+
+class EpochSeededCollator:
+    """Runs a training collator with the torch RNG seeded by the run's seed, the epoch and the
+    batch's token ids, and leaves the global RNG untouched.
+
+    Random collators (masking, permutations) thus draw new masks every epoch, yet the same
+    ones in a resumed run as in an uninterrupted one: the global RNG, which a checkpoint
+    restores, is left to the model (dropout), and what the dataloader prefetched before a
+    checkpoint no longer matters. The same holds in every process and dataloader worker.
+    """
+
+    def __init__(self, collator: Any, seed: int) -> None:
+        self.collator = collator
+        self.seed = seed
+        self.epoch = 0
+
+    def __call__(self, features: list[Any]) -> Any:
+        import torch
+
+        digest = hashlib.blake2b(f"{self.seed}:{self.epoch}".encode(), digest_size=8)
+        for feature in features:
+            ids = feature.get("input_ids", feature) if isinstance(feature, dict) else feature
+            digest.update(_token_bytes(ids))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int.from_bytes(digest.digest(), "little") & (2**63 - 1))
+            return self.collator(features)
+
+
+def _token_bytes(ids: Any) -> bytes:
+    import numpy as np
+
+    try:
+        return np.asarray(ids, dtype=np.int64).tobytes()
+    except (TypeError, ValueError):  # ragged, e.g. the choices of a multiple-choice record
+        return repr(ids).encode()
+
+
+def _length(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _batch_size(batch: dict[str, Any]) -> int:
+    return int(next(iter(batch.values())).shape[0])
+
+
+class AccelerateRun:
+    """One training (and/or evaluation) session: the loop and what it saves and logs."""
+
+    def __init__(self, prepared: Prepared, console: Console, stop: StopRequest) -> None:
+        from accelerate.utils import set_seed
+        from transformers import TrainerState
+
+        self.prepared = prepared
+        self.config = config = prepared.config
+        self.run_dir = prepared.run_dir
+        self.console = console
+        self.stop = stop
+        self.accelerator = make_accelerator(config, self.run_dir)
+        self.is_main = bool(self.accelerator.is_main_process)
+        self.reporter = StepReporter(console, self.run_dir, stop, is_main=self.is_main)
+        if config.report_to:
+            self.accelerator.init_trackers(
+                TRACKING_PROJECT,
+                config=tracked_hyperparameters(config),
+                init_kwargs={
+                    "wandb": {"name": self.run_dir.name},
+                    "mlflow": {"run_name": self.run_dir.name},
+                },
+            )
+        set_seed(config.seed)
+        self.state = TrainerState(
+            is_local_process_zero=bool(self.accelerator.is_local_main_process),
+            is_world_process_zero=self.is_main,
+        )
+        self.model: Any = prepared.model
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self.eval_loader: Any = None
+        # Counters of this session, per process; summed over processes by _update_totals().
+        self._local = {"tokens": 0.0, "flos": 0.0, "samples": 0.0}
+        self._restored: dict[str, float] = {"tokens": 0, "flos": 0.0}
+        model = self._unwrapped()
+        self._flos_per_token = 6 * model.num_parameters(exclude_embeddings=True)
+        self._main_input = getattr(model, "main_input_name", "input_ids")
+        # Loop bookkeeping: losses are floats averaged over processes, one per optimizer step.
+        self._start = time.time()
+        self._position = (0, 0)
+        self._window_loss: Any = 0.0
+        self._step_loss = 0.0
+        self._loss_since_log = 0.0
+        self._steps_since_log = 0
+        self._total_loss = 0.0
+        self._session_steps = 0
+        self._grad_norm: float | None = None
+        self._learning_rate = 0.0
+        self._preparation_time: float | None = None  # reported by an evaluation-only run
+
+    # The loop --------------------------------------------------------------------------------
+    def run(self) -> EngineResult:
+        config = self.config
+        result = EngineResult()
+        if config.do_train:
+            result = self.train()
+            if result.interrupted_at is None and self.stop.requested:
+                result.interrupted_at = self.state.global_step
+                result.checkpoint = rundir.latest_checkpoint(self.run_dir)
+            if result.interrupted_at is not None:
+                return result
+        elif config.do_eval:
+            start = time.time()
+            self.model, self.eval_loader = self.accelerator.prepare(
+                self.model, self._loader(self.prepared.eval_dataset, train=False)
+            )
+            self._preparation_time = round(time.time() - start, 4)
+        if config.do_eval and self.prepared.eval_dataset is not None:
+            self.reporter.end()
+            result.eval_metrics = self.evaluate()
+            result.eval_metrics["eval_samples"] = len(self.prepared.eval_dataset)
+        if config.do_train:
+            self._write_state(self.run_dir)
+        elif self.is_main:
+            self.prepared.tokenizer.save_pretrained(self.run_dir)
+        result.global_step = self.state.global_step
+        return result
+
+    def train(self) -> EngineResult:
+        acc, config, state = self.accelerator, self.config, self.state
+        self.model, self.optimizer, train_loader, self.eval_loader = acc.prepare(
+            self.model,
+            make_optimizer(config, self.model),
+            self._loader(self.prepared.train_dataset, train=True),
+            self._loader(self.prepared.eval_dataset, train=False),
+        )
+        plan = make_plan(config, _length(train_loader))
+        self.scheduler = acc.prepare(make_scheduler(config, self.optimizer, plan.max_steps))
+        self._init_state(plan)
+        checkpoint = resolve_resume(config, self.run_dir, self.console)
+        epoch, batches_done = self._restore(checkpoint) if checkpoint else (0, 0)
+        self._announce(plan)
+        self._start = time.time()
+        self.reporter.begin(plan.max_steps, state.global_step, state.num_input_tokens_seen)
+        self.model.train()
+        while epoch < plan.epochs and state.global_step < plan.max_steps:
+            stepped = False
+            for index, batch in self._batches(train_loader, epoch, batches_done):
+                if not self._micro_step(batch, index, plan):
+                    continue  # gradients are still accumulating
+                stepped = True
+                self._position = plan.position_after(epoch, index + 1)
+                state.epoch = plan.epoch_progress(epoch, index + 1)
+                saved = self._log_evaluate_save(plan)
+                if self._stop_requested():
+                    self.reporter.end()
+                    return EngineResult(
+                        global_step=state.global_step,
+                        resumed_from=checkpoint,
+                        interrupted_at=state.global_step,
+                        checkpoint=saved or self.save_checkpoint(),
+                    )
+                if state.global_step >= plan.max_steps:
+                    break
+            else:
+                self._position = (epoch + 1, 0)  # the epoch's data is used up
+            if stepped and config.eval_strategy == "epoch":
+                self._evaluate_during_training()
+            if stepped and config.save_strategy == "epoch":
+                self.save_checkpoint()
+            epoch, batches_done = epoch + 1, 0
+        if checkpoint is not None and not self._session_steps:
+            # Resumed right at the end: no step was left, so there are no new training metrics.
+            self.console.info("the checkpoint was already at the last step; finishing the run")
+            self.reporter.end()
+            self._save_model()
+            return EngineResult(global_step=state.global_step, resumed_from=checkpoint)
+        train_metrics = self._train_metrics()
+        self.reporter.end()
+        self._save_model()
+        dataset_size = _length(self.prepared.train_dataset)
+        train_metrics["train_samples"] = (
+            dataset_size if dataset_size is not None else int(self._update_totals()["samples"])
+        )
+        return EngineResult(
+            train_metrics=train_metrics, global_step=state.global_step, resumed_from=checkpoint
+        )
+
+    def _batches(self, loader: Any, epoch: int, batches_done: int) -> Any:
+        """The epoch's batches, numbered, after the ``batches_done`` consumed before a resume."""
+        from accelerate import skip_first_batches
+
+        loader.set_epoch(epoch)
+        loader.collate_fn.epoch = epoch
+        if batches_done:
+            loader = skip_first_batches(loader, batches_done)
+        return enumerate(loader, start=batches_done)
+
+    def _micro_step(self, batch: dict[str, Any], index: int, plan: Plan) -> bool:
+        """Forward and backward one batch; at the end of an accumulation window, clip and step
+        the optimizer and scheduler. Returns whether an optimizer step was made."""
+        acc = self.accelerator
+        weight = self._window_weight(index, plan)
+        with acc.accumulate(self.model):
+            loss = self.model(**batch).loss
+            acc.backward(loss * weight)
+            self._window_loss += loss.detach().float() * weight / acc.gradient_accumulation_steps
+            self._count(batch)
+            if acc.sync_gradients:
+                self._step_loss = self._finite_mean(self._window_loss, self.state.global_step + 1)
+                self._grad_norm = self._clip()
+                self._learning_rate = self.optimizer.param_groups[0]["lr"]
+            self.optimizer.step()
+            if acc.sync_gradients and not acc.optimizer_step_was_skipped:
+                self._step_scheduler()
+            self.optimizer.zero_grad()
+        if not acc.sync_gradients:
+            return False
+        self._window_loss = 0.0
+        self.state.global_step += 1
+        self._session_steps += 1
+        self._loss_since_log += self._step_loss
+        self._steps_since_log += 1
+        return True
+
+    def _log_evaluate_save(self, plan: Plan) -> Path | None:
+        """After an optimizer step, in the Trainer's order: progress and log, evaluation,
+        checkpoint (also at the last step). Returns the checkpoint saved, if any."""
+        state, config = self.state, self.config
+        last = state.global_step >= plan.max_steps
+        self.reporter.step(state.global_step, state.epoch, self._tokens_estimate())
+        if state.global_step % plan.logging_steps == 0:
+            self._total_loss += self._loss_since_log
+            logs = {
+                "loss": self._loss_since_log / self._steps_since_log,
+                "grad_norm": self._grad_norm,
+                "learning_rate": self._learning_rate,
+            }
+            self._log(logs, train_start=self._start)
+            self._loss_since_log, self._steps_since_log = 0.0, 0
+        if (
+            config.eval_strategy == "steps"
+            and plan.eval_steps
+            and (state.global_step % plan.eval_steps == 0 or last)
+        ):
+            self._evaluate_during_training()
+        if config.save_strategy == "steps" and (state.global_step % plan.save_steps == 0 or last):
+            return self.save_checkpoint()
+        return None
+
+    def _window_weight(self, index: int, plan: Plan) -> float:
+        """Scale making an epoch's last, shorter accumulation window a mean over its own
+        batches (Accelerate divides every loss by the full accumulation count)."""
+        accumulation = self.config.gradient_accumulation_steps
+        if plan.batches_per_epoch is None or accumulation == 1:
+            return 1.0
+        tail = plan.batches_per_epoch % accumulation
+        if tail and index >= plan.batches_per_epoch - tail:
+            return accumulation / tail
+        return 1.0
+
+    def _finite_mean(self, window_loss: Any, step: int) -> float:
+        """The window's loss averaged over processes; a non-finite one stops training before
+        the optimizer step can spoil the weights."""
+        import torch
+
+        mean = float(self.accelerator.reduce(torch.as_tensor(window_loss), "mean"))
+        if not math.isfinite(mean):
+            raise NonFiniteLoss(step, mean)
+        return mean
+
+    def _clip(self) -> float | None:
+        """Clip to --max-grad-norm (0: no clipping) and return the norm before clipping."""
+        limit = self.config.max_grad_norm or math.inf
+        norm = self.accelerator.clip_grad_norm_(self.model.parameters(), limit)
+        return None if norm is None else float(norm)
+
+    def _step_scheduler(self) -> None:
+        from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+        if not isinstance(self.scheduler.scheduler, ReduceLROnPlateau):
+            self.scheduler.step()
+
+    def _stop_requested(self) -> bool:
+        """A signal seen by any process stops all of them after the same step."""
+        import torch
+
+        if self.accelerator.num_processes == 1:
+            return self.stop.requested
+        flag = torch.tensor(float(self.stop.requested), device=self.accelerator.device)
+        return bool(self.accelerator.reduce(flag, "sum").item() > 0)
+
+    # Building blocks -------------------------------------------------------------------------
+    def _loader(self, dataset: Any, *, train: bool) -> Any:
+        """A DataLoader with its own seeded generator, so building one never draws from the
+        global RNG (which a resumed run restores exactly). The objective's collator sees every
+        column its preprocessing kept and returns the model's inputs."""
+        import torch
+        from torch.utils.data import DataLoader, IterableDataset
+
+        if dataset is None:
+            return None
+        config = self.config
+        collator = (
+            EpochSeededCollator(self.prepared.collator, config.seed)
+            if train
+            else self.prepared.eval_collator
+        )
+        return DataLoader(
+            dataset,
+            batch_size=(
+                config.per_device_train_batch_size if train else config.per_device_eval_batch_size
+            ),
+            shuffle=train and not isinstance(dataset, IterableDataset),
+            collate_fn=collator,
+            num_workers=config.dataloader_num_workers,
+            pin_memory=torch.cuda.is_available(),
+            generator=torch.Generator().manual_seed(config.seed),
+        )
+
+    def _unwrapped(self) -> Any:
+        return self.accelerator.unwrap_model(self.model)
+
+    def _announce(self, plan: Plan) -> None:
+        if not self.is_main:
+            return
+        acc, config = self.accelerator, self.config
+        total = (
+            config.per_device_train_batch_size
+            * acc.num_processes
+            * config.gradient_accumulation_steps
+        )
+        per_epoch = (
+            f"{plan.batches_per_epoch} batches per epoch, " if plan.batches_per_epoch else ""
+        )
+        self.console.info(
+            f"accelerate: {acc.num_processes} process(es) on {acc.device.type}, "
+            f"mixed precision {acc.mixed_precision}, {per_epoch}total batch size {total}"
+        )
+
+    # Counting and logging --------------------------------------------------------------------
+    def _count(self, batch: dict[str, Any]) -> None:
+        tokens = batch[self._main_input].numel() if self._main_input in batch else 0
+        self._local["tokens"] += tokens
+        self._local["flos"] += self._flos_per_token * tokens
+        self._local["samples"] += _batch_size(batch)
+
+    def _update_totals(self) -> dict[str, float]:
+        """This session's counters summed over processes (every process must call this); the
+        run's totals go into the trainer state."""
+        import torch
+
+        keys = list(self._local)
+        local = torch.tensor(
+            [self._local[key] for key in keys], dtype=torch.float64, device=self.accelerator.device
+        )
+        totals = dict(zip(keys, self.accelerator.reduce(local, "sum").tolist(), strict=True))
+        self.state.num_input_tokens_seen = int(self._restored["tokens"] + totals["tokens"])
+        self.state.total_flos = self._restored["flos"] + totals["flos"]
+        return totals
+
+    def _tokens_estimate(self) -> int:
+        """Tokens seen so far for the progress display, without synchronising processes."""
+        return int(
+            self._restored["tokens"] + self._local["tokens"] * self.accelerator.num_processes
+        )
+
+    def _log(self, logs: dict[str, Any], *, train_start: float | None = None) -> dict[str, Any]:
+        """One log record, as the Trainer writes it, to metrics.jsonl, the trainer state, the
+        progress display and the trackers; returns the record."""
+        from transformers.trainer_utils import speed_metrics
+
+        totals = self._update_totals()
+        state = self.state
+        logs = {key: value for key, value in logs.items() if value is not None}
+        logs["epoch"] = state.epoch
+        logs["num_input_tokens_seen"] = state.num_input_tokens_seen
+        if train_start is not None:
+            logs.update(speed_metrics("train", train_start, num_tokens=totals["tokens"]))
+        state.log_history.append({**logs, "step": state.global_step})
+        self.reporter.log(state.global_step, state.epoch, logs)
+        tracked = {
+            (f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"): value
+            for key, value in logs.items()
+            if isinstance(value, (int, float))
+        }
+        self.accelerator.log(tracked, step=state.global_step)
+        return logs
+
+    def _train_metrics(self) -> dict[str, Any]:
+        """The Trainer's end-of-training record; ``train_loss`` averages this session's steps."""
+        from transformers.trainer_utils import speed_metrics
+
+        totals = self._update_totals()
+        steps = self._session_steps
+        metrics = speed_metrics(
+            "train", self._start, num_samples=totals["samples"], num_steps=steps
+        )
+        metrics["total_flos"] = self.state.total_flos
+        metrics["train_loss"] = (self._total_loss + self._loss_since_log) / max(steps, 1)
+        return self._log(metrics)
+
+    # Evaluation ------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, Any]:
+        """Eval loss (mean over samples) and the objective's metrics, batch by batch: only
+        one batch's logits are ever held, gathered across processes."""
+        import torch
+        from transformers.trainer_utils import speed_metrics
+
+        acc = self.accelerator
+        metrics = self.prepared.objective.metrics()
+        loss_sum, count = 0.0, 0
+        start = time.time()
+        self.model.eval()
+        for batch in self.eval_loader:
+            with torch.no_grad():
+                outputs = self.model(**batch)
+            losses = acc.gather_for_metrics(
+                outputs.loss.detach().float().repeat(_batch_size(batch))
+            )
+            loss_sum += float(losses.sum())
+            count += int(losses.numel())
+            labels = batch.get("labels")
+            if labels is not None:
+                logits = acc.pad_across_processes(outputs.logits, dim=1, pad_index=-100)
+                labels = acc.pad_across_processes(labels, dim=1, pad_index=-100)
+                logits, labels = acc.gather_for_metrics((logits, labels))
+                if self.is_main:
+                    metrics.update(logits, labels)
+        self.model.train()
+        results: dict[str, Any] = {"eval_loss": loss_sum / max(count, 1)}
+        if self.is_main:
+            results.update({f"eval_{key}": value for key, value in metrics.compute().items()})
+        if self._preparation_time is not None:
+            results["eval_model_preparation_time"] = self._preparation_time
+        total_batch = self.config.per_device_eval_batch_size * acc.num_processes
+        results.update(
+            speed_metrics(
+                "eval", start, num_samples=count, num_steps=math.ceil(count / total_batch)
+            )
+        )
+        return self._log(results)
+
+    def _evaluate_during_training(self) -> None:
+        from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+        if self.eval_loader is None:
+            return
+        results = self.evaluate()
+        if isinstance(self.scheduler.scheduler, ReduceLROnPlateau):
+            self.scheduler.scheduler.step(results["eval_loss"])
+
+    # Checkpoints and the final model ---------------------------------------------------------
+    def _init_state(self, plan: Plan) -> None:
+        state, config = self.state, self.config
+        state.max_steps = plan.max_steps
+        state.num_train_epochs = plan.epochs if plan.batches_per_epoch else 0
+        state.logging_steps = plan.logging_steps
+        state.eval_steps = plan.eval_steps or state.eval_steps
+        state.save_steps = plan.save_steps
+        state.train_batch_size = config.per_device_train_batch_size
+
+    def save_checkpoint(self) -> Path:
+        """``checkpoint-<step>``: Accelerate's full state (model, optimizer, scheduler, RNG of
+        every process), the model config and tokenizer (so the folder loads with
+        ``from_pretrained``), then ``trainer_state.json`` with the data position, last.
+
+        Every process writes into one staging folder that is renamed into place once complete,
+        so a crash never leaves a half-written checkpoint that looks complete.
+        """
+        acc, state = self.accelerator, self.state
+        self._update_totals()
+        epoch, batches_done = self._position
+        # Not a callback: TrainerState keeps this mapping as is (it is typed as a list), and
+        # the Trainer ignores names it does not know.
+        extra: Any = state.stateful_callbacks or {}
+        extra[DATA_POSITION] = {"epoch": epoch, "batches_done": batches_done}
+        state.stateful_callbacks = extra
+        final = self.run_dir / f"checkpoint-{state.global_step}"
+        staging = rundir.staging_dir(final, owner="accelerate")
+        if self.is_main:
+            rundir.begin_staging(final, owner="accelerate")
+        acc.wait_for_everyone()
+        acc.save_state(str(staging))
+        acc.wait_for_everyone()
+        if self.is_main:
+            self._unwrapped().config.save_pretrained(staging)
+            self._save_generation_config(staging)
+            self.prepared.tokenizer.save_pretrained(staging)
+            state.save_to_json(str(staging / rundir.STATE_FILE))
+            rundir.commit_dir(staging, final)
+            rundir.rotate_checkpoints(self.run_dir, self.config.save_total_limit)
+        acc.wait_for_everyone()
+        return final
+
+    def _restore(self, checkpoint: str) -> tuple[int, int]:
+        """Load a checkpoint's full state; returns the data position to continue from."""
+        from transformers import TrainerState
+
+        path = Path(checkpoint)
+        state_file = path / rundir.STATE_FILE
+        saved = TrainerState.load_from_json(str(state_file)) if state_file.is_file() else None
+        position = (saved.stateful_callbacks or {}).get(DATA_POSITION) if saved else None
+        if saved is None or position is None:
+            raise ConfigError(
+                f"--resume-from-checkpoint {checkpoint}: not a checkpoint of the accelerate engine",
+                "resume it with the engine that wrote it (--engine trainer), or start a new run",
+            )
+        if saved.train_batch_size not in (None, self.config.per_device_train_batch_size):
+            self.console.warn(
+                f"the checkpoint was trained with batch size {saved.train_batch_size}, not "
+                f"{self.config.per_device_train_batch_size}: the data order will not continue "
+                "exactly"
+            )
+        self.accelerator.load_state(str(path))
+        state = self.state
+        state.global_step = saved.global_step
+        state.epoch = saved.epoch
+        state.log_history = saved.log_history
+        self._restored = {"tokens": saved.num_input_tokens_seen, "flos": saved.total_flos}
+        self._position = (int(position["epoch"]), int(position["batches_done"]))
+        return self._position
+
+    def _save_generation_config(self, path: Path) -> None:
+        model = self._unwrapped()
+        if getattr(model, "generation_config", None) is not None and model.can_generate():
+            model.generation_config.save_pretrained(path)
+
+    def _save_model(self) -> None:
+        """The final model and tokenizer in the run directory, as ``save_pretrained`` writes
+        them (loadable by plain transformers)."""
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        self._unwrapped().save_pretrained(
+            self.run_dir,
+            is_main_process=self.is_main,
+            save_function=acc.save,
+            state_dict=acc.get_state_dict(self.model),
+        )
+        if self.is_main:
+            self.prepared.tokenizer.save_pretrained(self.run_dir)
+
+    def _write_state(self, folder: Path) -> None:
+        if self.is_main:
+            self.state.save_to_json(str(folder / rundir.STATE_FILE))
