@@ -25,10 +25,11 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_caches(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Keep Hugging Face caches of the test run away from the user's."""
+    """Keep Hugging Face and lmctl caches of the test run away from the user's."""
     home = tmp_path_factory.mktemp("hf-home")
     os.environ["HF_HOME"] = str(home)
     os.environ["HF_DATASETS_CACHE"] = str(home / "datasets")
+    os.environ["LMCTL_CACHE"] = str(tmp_path_factory.mktemp("lmctl-cache"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

@@ -47,6 +47,10 @@ def _heavy_modules(*args: str) -> tuple[list[str], str]:
         ("eval", "no/such/run"),
         ("resume", "no/such/run"),
         ("resume", "no/such/run", "--block-size", "64"),
+        ("train", "clm", "--model-type", "gpt2", "--tokenizer", "t", "--streaming"),
+        ("prepare", "--help"),
+        ("prepare", "clm", "--help"),
+        ("prepare", "clm", "--tokenizer", "t", "--train-file", "missing.txt"),
     ],
 )
 def test_no_heavy_import(args: tuple[str, ...]) -> None:

@@ -202,7 +202,7 @@ def test_second_identical_run_reuses_preprocessing(
     tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path
 ) -> None:
     train, valid = text_files
-    cache = tmp_path / "hf-datasets"
+    cache = tmp_path / "lmctl-cache"
     args = (
         "train",
         "clm",
@@ -215,21 +215,23 @@ def test_second_identical_run_reuses_preprocessing(
         valid,
         "--max-steps",
         "1",
-        "--no-eval",
     )
-    env = {"HF_DATASETS_CACHE": str(cache)}
+    env = {"LMCTL_CACHE": str(cache)}
     first = lmctl(*args, "--output-dir", tmp_path / "a", cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stderr
-    files_after_first = sorted(p.name for p in cache.rglob("cache-*.arrow"))
-    assert files_after_first
+    assert "reusing prepared data" not in first.stderr
+    entries = sorted(p.parent.name for p in cache.rglob("manifest.json"))
+    assert len(entries) == 2  # train and validation
     second = lmctl(*args, "--output-dir", tmp_path / "b", cwd=tmp_path, env=env)
     assert second.returncode == 0, second.stderr
-    assert sorted(p.name for p in cache.rglob("cache-*.arrow")) == files_after_first
+    assert "reusing prepared data" in second.stderr
+    assert sorted(p.parent.name for p in cache.rglob("manifest.json")) == entries
     third = lmctl(
         *args, "--block-size", "32", "--output-dir", tmp_path / "c", cwd=tmp_path, env=env
     )
     assert third.returncode == 0, third.stderr
-    assert len(list(cache.rglob("cache-*.arrow"))) > len(files_after_first)
+    assert "reusing prepared data" not in third.stderr
+    assert len(list(cache.rglob("manifest.json"))) == 4
 
 
 def test_non_finite_loss_exits_4(

@@ -2,10 +2,11 @@
 
 Raw data comes from local files (txt, csv, json, jsonl, parquet) or a Hub dataset. The
 result is a ``DatasetDict`` with ``train`` and, when evaluation is on, ``validation`` (held
-out from train by ``--validation-split-percentage`` when the data has none). Preprocessing
-goes through :func:`cached_map`, which keys the ``datasets`` cache on an explicit
-fingerprint (input data, tokenizer content, parameters, lmctl version) so that an
-identical second run reuses it and any change rebuilds it.
+out from train by ``--validation-split-percentage`` when the data has none). Tokenized data
+is cached by :mod:`lmctl.prepared`; :func:`cached_map` keys a single ``datasets`` map step
+on an explicit fingerprint (input data, tokenizer content, parameters, lmctl version) for
+preprocessing steps that live inside such a cached build. Streaming runs read their data
+through :mod:`lmctl.stream` instead.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import __version__, hub
-from lmctl.config.base import data_extension, is_remote, local_path
+from lmctl.config.base import data_extension, has_glob, is_remote, local_path
 from lmctl.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ def _localize(path: str, flag: str) -> str:
 
 def _explain_bad_file(path: str, extension: str, shown: str, exc: Exception) -> None:
     """Find the first malformed line of a JSON-lines file so the error can name it."""
-    if extension not in ("json", "jsonl"):
+    if extension not in ("json", "jsonl") or has_glob(path):
         return
     with open(path, encoding="utf-8", errors="replace") as handle:
         first = handle.read(1)

@@ -1,11 +1,13 @@
 """The shared pipeline: from a validated config to a model, tokenizer and model-ready data.
 
-Every engine starts from :func:`prepare`; nothing in here knows which objective it runs
-beyond the :class:`~lmctl.objectives.base.Objective` interface.
+Every engine starts from :func:`prepare`; ``lmctl prepare`` runs its data half,
+:func:`prepare_data`. Nothing in here knows which objective it runs beyond the
+:class:`~lmctl.objectives.base.Objective` interface.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -23,6 +25,17 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class PreparedData:
+    model_config: Any
+    tokenizer: Any
+    #: A ``Dataset``, or an ``IterableDataset`` with ``--streaming``.
+    train_dataset: Dataset | None
+    eval_dataset: Dataset | None
+    #: Seconds spent loading and preprocessing the data (not the tokenizer or model).
+    data_seconds: float
+
+
+@dataclass
 class Prepared:
     config: TrainConfig
     objective: Objective
@@ -35,40 +48,85 @@ class Prepared:
     eval_collator: Any
 
 
-def prepare(config: TrainConfig, objective: Objective, run_dir: Path, console: Console) -> Prepared:
+def has_model_source(config: TrainConfig) -> bool:
+    return any(
+        value is not None
+        for value in (config.model_name_or_path, config.config_name, config.model_type)
+    )
+
+
+def prepare_data(config: TrainConfig, objective: Objective, console: Console) -> PreparedData:
+    """Tokenizer and model-ready splits; the model config only decides sequence lengths."""
     data.silence_libraries()
-    from transformers import set_seed
+    from transformers import PretrainedConfig, set_seed
 
     set_seed(config.seed)
     plugins.load_plugins(config.imports, console)
-    model_config = modeling.build_model_config(config, console)
-    objective.check_architecture(config, model_config)
-    raw = data.load_raw(
-        config,
-        need_eval=config.do_eval,
-        text_options=objective.text_options(config),
-        check_records=partial(objective.check_records, config),
-    )
-    tokenizer = modeling.load_tokenizer(
-        config,
-        objective,
-        model_config,
-        lambda: objective.training_texts(config, raw["train"], split_source(config, "train")),
-        console,
-    )
-    objective.check_model(config, model_config, tokenizer)
+    has_model = has_model_source(config)
+    model_config = modeling.build_model_config(config, console) if has_model else PretrainedConfig()
+    if has_model:
+        objective.check_architecture(config, model_config)
+    started = time.monotonic()
+    raw: Any
+    if config.streaming:
+        from lmctl import stream
+
+        if config.preprocessing_num_workers:
+            console.warn(
+                "--preprocessing-num-workers is not used with --streaming; "
+                "use --dataloader-num-workers to tokenize in parallel"
+            )
+        raw = stream.load_sources(
+            config,
+            need_train=config.do_train or config.train_tokenizer is not None,
+            need_eval=config.do_eval,
+            text_options=objective.text_options(config),
+        )
+    else:
+        raw = data.load_raw(
+            config,
+            need_eval=config.do_eval,
+            text_options=objective.text_options(config),
+            check_records=partial(objective.check_records, config),
+        )
+    data_seconds = time.monotonic() - started
+
+    def training_texts() -> Any:
+        if config.streaming:
+            return raw["train"].texts()
+        return objective.training_texts(config, raw["train"], split_source(config, "train"))
+
+    tokenizer = modeling.load_tokenizer(config, objective, model_config, training_texts, console)
+    if has_model:
+        objective.check_model(config, model_config, tokenizer)
     if not config.do_train:
         raw.pop("train", None)
+    started = time.monotonic()
     processed = objective.preprocess(config, raw, tokenizer, model_config, console)
-    model = modeling.build_model(config, objective, model_config, tokenizer, console)
+    data_seconds += time.monotonic() - started
+    console.info(f"data ready in {data_seconds:.2f} s (loading and preprocessing)")
+    return PreparedData(
+        model_config=model_config,
+        tokenizer=tokenizer,
+        train_dataset=processed.get("train"),
+        eval_dataset=processed.get("validation"),
+        data_seconds=data_seconds,
+    )
+
+
+def prepare(config: TrainConfig, objective: Objective, run_dir: Path, console: Console) -> Prepared:
+    prepared = prepare_data(config, objective, console)
+    model = modeling.build_model(
+        config, objective, prepared.model_config, prepared.tokenizer, console
+    )
     return Prepared(
         config=config,
         objective=objective,
         run_dir=run_dir,
         model=model,
-        tokenizer=tokenizer,
-        train_dataset=processed.get("train"),
-        eval_dataset=processed.get("validation"),
-        collator=objective.collator(config, tokenizer),
-        eval_collator=objective.eval_collator(config, tokenizer),
+        tokenizer=prepared.tokenizer,
+        train_dataset=prepared.train_dataset,
+        eval_dataset=prepared.eval_dataset,
+        collator=objective.collator(config, prepared.tokenizer),
+        eval_collator=objective.eval_collator(config, prepared.tokenizer),
     )

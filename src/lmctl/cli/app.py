@@ -8,7 +8,7 @@ import typer
 
 from lmctl import __version__
 from lmctl.cli import eval as eval_cmd
-from lmctl.cli import push, resume, train
+from lmctl.cli import prepare, push, resume, train
 
 app = typer.Typer(
     name="lmctl",
@@ -21,6 +21,8 @@ app = typer.Typer(
 
 train.register()
 app.add_typer(train.train_app, name="train")
+prepare.register()
+app.add_typer(prepare.prepare_app, name="prepare")
 eval_cmd.register(app)
 resume.register(app)
 app.command("push", short_help="Publish a run or model to the Hub or an object store.")(

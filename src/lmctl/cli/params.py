@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import typer
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from lmctl.config.fields import field_extra, flag_name
 
@@ -68,21 +69,23 @@ def config_parameters(
     model: type[BaseModel],
     *,
     only: tuple[str, ...] | None = None,
+    include: Callable[[str, FieldInfo], bool] | None = None,
     hidden: bool = False,
     show_defaults: bool = True,
 ) -> list[inspect.Parameter]:
     """One keyword parameter (with its ``typer.Option``) per command-line config field.
 
-    ``only`` keeps the named fields (in that order); ``hidden`` keeps the flags out of
-    ``--help`` and completion (they still parse, so a command can refuse them by name);
-    ``show_defaults=False`` for commands whose defaults come from elsewhere (a saved run).
+    ``only`` keeps the named fields (in that order); ``include`` keeps the fields it accepts;
+    ``hidden`` keeps the flags out of ``--help`` and completion (they still parse, so a
+    command can refuse them by name); ``show_defaults=False`` for commands whose defaults come
+    from elsewhere (a saved run).
     """
     names = only if only is not None else tuple(model.model_fields)
     params = []
     for name in names:
         info = model.model_fields[name]
         extra = field_extra(info)
-        if not extra.get("cli", True):
+        if not extra.get("cli", True) or (include is not None and not include(name, info)):
             continue
         cli_type, metavar, choices = _cli_type(info.annotation)
         declared = list(extra.get("flags", []))

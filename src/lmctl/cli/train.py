@@ -81,7 +81,7 @@ train_app = typer.Typer(
 )
 
 
-def _cli_only_parameters() -> list[inspect.Parameter]:
+def cli_only_parameters() -> list[inspect.Parameter]:
     kw = inspect.Parameter.KEYWORD_ONLY
     return [
         inspect.Parameter("config_file", kw, default=None, annotation=ConfigOpt),
@@ -112,7 +112,7 @@ def _make_command(name: str) -> Any:
         )
 
     doc = f"{objective.summary}.\n\n{EXAMPLES.get(name, '')}"
-    params = config_parameters(config_class) + _cli_only_parameters()
+    params = config_parameters(config_class) + cli_only_parameters()
     return with_signature(command, params, doc)
 
 

@@ -13,7 +13,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from lmctl.config.fields import (
     PANEL_DATA,
@@ -62,16 +69,36 @@ def local_path(path: str) -> Path:
     return Path(path.removeprefix("file://")).expanduser()
 
 
+def has_glob(path: str) -> bool:
+    """Whether a data path is a pattern (``data/*.txt``) naming several files."""
+    return any(char in path for char in "*?[")
+
+
+def matching_files(path: str) -> list[str]:
+    """The local files a data path names: the file itself, or a pattern's matches in order."""
+    if not has_glob(path):
+        return [str(local_path(path))] if local_path(path).is_file() else []
+    import glob
+
+    pattern = str(local_path(path))
+    return sorted(match for match in glob.glob(pattern, recursive=True) if Path(match).is_file())
+
+
 def data_extension(path: str) -> str:
     name = path.rstrip("/").rsplit("/", 1)[-1]
     return name.rsplit(".", 1)[-1].lower() if "." in name else ""
 
 
 class Problems:
-    """Collects every problem in a config so that the user sees them all at once."""
+    """Collects every problem in a config so that the user sees them all at once.
 
-    def __init__(self) -> None:
+    ``command`` is the command the config is validated for: ``lmctl prepare`` needs a
+    tokenizer and data but no model, and never streams.
+    """
+
+    def __init__(self, command: str = "train") -> None:
         self.items: list[tuple[str, str]] = []
+        self.command = command
 
     def add(self, message: str, hint: str) -> None:
         self.items.append((message, hint))
@@ -176,7 +203,8 @@ class TrainConfig(StrictModel):
     )
     train_file: str | None = option(
         None,
-        "Training data: a txt, csv, json, jsonl or parquet file (a path or a storage URL).",
+        "Training data: a txt, csv, json, jsonl or parquet file (a path or a storage URL), or "
+        "a pattern such as 'data/*.txt' for several.",
         panel=PANEL_DATA,
     )
     validation_file: str | None = option(
@@ -207,6 +235,25 @@ class TrainConfig(StrictModel):
     )
     overwrite_cache: bool = option(
         False, "Redo preprocessing instead of reusing the cache.", panel=PANEL_DATA
+    )
+    prepared_cache_dir: str | None = option(
+        None,
+        "Where tokenized and grouped data is cached (default: $LMCTL_CACHE/prepared, else "
+        "~/.cache/lmctl/prepared). 'lmctl prepare' fills it; train reuses a matching entry.",
+        panel=PANEL_DATA,
+    )
+    streaming: bool = option(
+        False,
+        "Stream the data: read, tokenize and group it on the fly in bounded memory, each rank "
+        "and dataloader worker reading its own shards (needs --max-steps).",
+        panel=PANEL_DATA,
+    )
+    shuffle_buffer_size: int = option(
+        1000,
+        "With --streaming: examples held in the shuffle buffer; the shard order is shuffled "
+        "with --seed too (0: read in order).",
+        panel=PANEL_DATA,
+        ge=0,
     )
 
     # Training
@@ -382,8 +429,8 @@ class TrainConfig(StrictModel):
         ]
 
     @model_validator(mode="after")
-    def _cross_field_rules(self) -> TrainConfig:
-        problems = Problems()
+    def _cross_field_rules(self, info: ValidationInfo) -> TrainConfig:
+        problems = Problems((info.context or {}).get("command", "train"))
         self.check(problems)
         problems.raise_if_any()
         if self.with_tracking and not self.report_to:
@@ -407,7 +454,9 @@ class TrainConfig(StrictModel):
                             "write it as comma-separated key=value pairs, e.g. n_layer=2,n_head=4",
                         )
                         break
-        if not from_pretrained and self.config_name is None and self.model_type is None:
+        preparing = problems.command == "prepare"
+        has_model = from_pretrained or self.config_name is not None or self.model_type is not None
+        if not has_model and not preparing:
             problems.add(
                 "no model: give --model-name-or-path, --config-name or --model-type",
                 "e.g. --model ./my-model, or --model-type gpt2 to train from scratch",
@@ -425,7 +474,9 @@ class TrainConfig(StrictModel):
                 )
         elif not from_pretrained and self.tokenizer_name is None:
             problems.add(
-                "training from scratch needs a tokenizer",
+                "preparing data needs a tokenizer"
+                if preparing
+                else "training from scratch needs a tokenizer",
                 "give --tokenizer-name DIR, or --train-tokenizer VOCAB_SIZE to train one on "
                 "the training data",
             )
@@ -444,9 +495,10 @@ class TrainConfig(StrictModel):
                     f"{flag_name(name)} {path}: unsupported file type '.{ext}'",
                     "use a " + ", ".join(DATA_EXTENSIONS) + " file",
                 )
-            elif not is_remote(path) and not local_path(path).is_file():
+            elif not is_remote(path) and not matching_files(path):
                 problems.add(
-                    f"{flag_name(name)} {path}: no such file",
+                    f"{flag_name(name)} {path}: "
+                    + ("no file matches" if has_glob(path) else "no such file"),
                     "check the path (relative paths start from the current directory)",
                 )
         if (
@@ -486,6 +538,16 @@ class TrainConfig(StrictModel):
             problems.add("nothing to do: both training and evaluation are off", "drop --no-train")
         if self.push_to is not None:
             self._check_push(problems)
+        if self.streaming and preparing:
+            problems.add(
+                "lmctl prepare fills the cache that non-streaming runs read; it does not stream",
+                "drop 'streaming' from the config",
+            )
+        elif self.streaming and self.do_train and self.max_steps is None:
+            problems.add(
+                "--streaming needs --max-steps: a stream has no length to count epochs in",
+                "give the number of optimizer steps, e.g. --max-steps 10000",
+            )
         if self.resume_from_checkpoint not in (None, "auto"):
             ckpt = self.resume_from_checkpoint
             if not is_remote(ckpt) and not local_path(ckpt).is_dir():

@@ -87,8 +87,12 @@ def build_config(
     config_file: str | None = None,
     objective: str | None = None,
     defaults: dict[str, Any] | None = None,
+    command: str = "train",
 ) -> ConfigT:
-    """Validate the merged sources into ``model``; every problem becomes one ConfigError."""
+    """Validate the merged sources into ``model``; every problem becomes one ConfigError.
+
+    ``command`` selects the cross-field rules (``prepare`` needs no model).
+    """
     known = set(model.model_fields)
     file_values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -111,7 +115,7 @@ def build_config(
     for key in cli_values:
         sources[key] = flag_name(key)
     try:
-        return model.model_validate(merged)
+        return model.model_validate(merged, context={"command": command})
     except ValidationError as exc:
         raise _config_error(exc, sources) from None
 

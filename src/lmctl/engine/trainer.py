@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,13 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         "remove_unused_columns": False,
     }
     values.update(config.training_args)
+    if config.streaming:
+        # Each rank reads its own shards of the stream (accelerate shards a datasets
+        # IterableDataset by its shard list); the default for iterable data, dispatch_batches,
+        # would have rank 0 read everything and send slices to the others.
+        accelerator = dict(values.get("accelerator_config") or {})
+        accelerator.setdefault("dispatch_batches", False)
+        values["accelerator_config"] = accelerator
     try:
         return TrainingArguments(**values)
     except TypeError as exc:
@@ -87,6 +95,10 @@ def _make_trainer_class() -> type:
         writes checkpoints atomically."""
 
         eval_collator: Any = None
+        #: Examples seen by the last evaluation (streams have no length to read it from).
+        eval_samples: int = 0
+        #: With --streaming, the StreamPosition callback that checkpoints record.
+        stream_position: Any = None
         save_total_limit: int | None = None
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -104,13 +116,6 @@ def _make_trainer_class() -> type:
                 and not getattr(model.config, "is_encoder_decoder", False)
             ):
                 self._loss_shifts_labels = True
-
-        def _init_training_state(self, max_steps: int, *args: Any, **kwargs: Any) -> Any:
-            trained = super()._init_training_state(max_steps, *args, **kwargs)
-            # A restored state keeps the logging, eval and save intervals it was saved with;
-            # a resumed run uses the current ones ('lmctl resume --save-steps' may change them).
-            self.state.compute_steps(self.args, max_steps)
-            return trained
 
         def _save_checkpoint(self, model: Any, trial: Any) -> None:
             """The Trainer's checkpoint, written into a staging folder that is renamed into
@@ -148,6 +153,8 @@ def _make_trainer_class() -> type:
                         stateful[name].append(cb.state())
                     else:
                         stateful[name] = cb.state()
+                if self.stream_position is not None:
+                    self.stream_position.write(staging)
                 self.state.save_to_json(str(staging / rundir.STATE_FILE))
                 rundir.commit_dir(staging, final)
             self.accelerator.wait_for_everyone()
@@ -176,7 +183,89 @@ def _make_trainer_class() -> type:
             finally:
                 self.data_collator = train_collator
 
+        def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+            output = super().evaluation_loop(*args, **kwargs)
+            self.eval_samples = output.num_samples or 0
+            return output
+
+        def _init_training_state(
+            self,
+            max_steps: int,
+            num_update_steps_per_epoch: int,
+            num_train_epochs: int,
+            resume_from_checkpoint: str | None,
+            trial: Any,
+        ) -> tuple[int, int]:
+            """Restore the state, with the current intervals and the exact stream position.
+
+            A restored state keeps the logging, eval and save intervals it was saved with; a
+            resumed run uses the current ones ('lmctl resume --save-steps' may change them).
+            The Trainer counts a stream's position as if it never ended (pass 0, batch
+            ``global_step``); once the data has been read more than once that points past the
+            end of the first pass. The position recorded in the checkpoint is exact.
+            """
+            epochs, batches = super()._init_training_state(
+                max_steps,
+                num_update_steps_per_epoch,
+                num_train_epochs,
+                resume_from_checkpoint,
+                trial,
+            )
+            self.state.compute_steps(self.args, max_steps)
+            checkpoint = resume_from_checkpoint
+            if self.stream_position is None or checkpoint is None or self.args.ignore_data_skip:
+                return epochs, batches
+            recorded = read_stream_position(Path(checkpoint))
+            if recorded is None:
+                return epochs, batches
+            self.stream_position.resume_at(*recorded)
+            return recorded
+
     return LmctlTrainer
+
+
+STREAM_POSITION_FILE = "stream_position.json"
+
+
+def read_stream_position(checkpoint: Path) -> tuple[int, int] | None:
+    try:
+        data = json.loads((checkpoint / STREAM_POSITION_FILE).read_text(encoding="utf-8"))
+        return int(data["epoch"]), int(data["batches"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _stream_position_class() -> type:
+    from transformers import TrainerCallback
+
+    class StreamPosition(TrainerCallback):
+        """Which pass over the stream training is in and how many batches of it were read;
+        written into every checkpoint so that a resumed run reads on from the same place."""
+
+        def __init__(self) -> None:
+            self.epoch = -1
+            self.batches = 0
+            self._resuming = False
+
+        def resume_at(self, epoch: int, batches: int) -> None:
+            self.epoch, self.batches, self._resuming = epoch, batches, True
+
+        def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self._resuming:
+                self._resuming = False
+                return
+            self.epoch += 1
+            self.batches = 0
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.batches += args.gradient_accumulation_steps
+
+        def write(self, checkpoint: Path) -> None:
+            """Record the position inside a checkpoint that is being written."""
+            position = {"epoch": self.epoch, "batches": self.batches}
+            (checkpoint / STREAM_POSITION_FILE).write_text(json.dumps(position) + "\n")
+
+    return StreamPosition
 
 
 def _callback_class() -> type:
@@ -229,6 +318,9 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
     trainer.eval_collator = prepared.eval_collator
     trainer.save_total_limit = config.save_total_limit
     trainer.remove_callback(PrinterCallback)
+    if config.streaming:
+        trainer.stream_position = _stream_position_class()()
+        trainer.add_callback(trainer.stream_position)
 
     result = EngineResult()
     if config.do_train:
@@ -245,12 +337,12 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
             console.info("the checkpoint was already at the last step; finishing the run")
         else:
             result.train_metrics = dict(output.metrics)
-            result.train_metrics["train_samples"] = len(prepared.train_dataset or [])
+            result.train_metrics["train_samples"] = _train_samples(prepared, args, trainer)
         trainer.save_model()
         trainer.save_state()
     if config.do_eval:
         result.eval_metrics = trainer.evaluate()
-        result.eval_metrics["eval_samples"] = len(prepared.eval_dataset or [])
+        result.eval_metrics["eval_samples"] = trainer.eval_samples
         if not config.do_train:
             prepared.tokenizer.save_pretrained(prepared.run_dir)
     result.global_step = trainer.state.global_step
@@ -264,3 +356,16 @@ def _step_of(checkpoint: str) -> int:
         return rundir.checkpoint_step(Path(checkpoint))
     except ValueError:
         return -1
+
+
+def _train_samples(prepared: Prepared, args: Any, trainer: Any) -> int:
+    """Training examples: the dataset's length, or for a stream the examples consumed."""
+    dataset = prepared.train_dataset
+    if dataset is not None and hasattr(dataset, "__len__"):
+        return len(dataset)
+    return int(
+        trainer.state.global_step
+        * args.per_device_train_batch_size
+        * args.gradient_accumulation_steps
+        * args.world_size
+    )

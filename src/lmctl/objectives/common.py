@@ -5,8 +5,10 @@ evaluation masks, and the selector that scores masked positions."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import asdict
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from lmctl.config.base import TrainConfig
 from lmctl.config.fields import PANEL_OBJECTIVE, option
@@ -15,7 +17,7 @@ from lmctl.errors import DataError
 from lmctl.modeling import max_positions
 
 if TYPE_CHECKING:
-    from datasets import DatasetDict
+    from datasets import Dataset, DatasetDict
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
     from lmctl.console import Console
@@ -148,7 +150,73 @@ def tokenize_and_group(
     special_tokens_mask: bool = False,
     offsets: bool = False,
 ) -> DatasetDict:
-    """Tokenize every text, concatenate, and cut into ``block_size`` blocks."""
+    """Tokenize every text, concatenate, and cut into ``block_size`` blocks.
+
+    With ``--streaming`` this happens on the fly (:mod:`lmctl.stream`); otherwise the blocks
+    come from the prepared-data cache (:mod:`lmctl.prepared`), built on a miss by the fast
+    tokenizer (:mod:`lmctl.tokens`) with ``--preprocessing-num-workers`` processes.
+    """
+    if offsets:
+        return _group_with_offsets(
+            config, raw, tokenizer, block_size, console, special_tokens_mask=special_tokens_mask
+        )
+    if config.streaming:
+        from lmctl import stream
+
+        sources = cast("dict[str, stream.TextSource]", raw)
+        streams = stream.block_streams(
+            config, sources, tokenizer, block_size, console, special_tokens_mask=special_tokens_mask
+        )
+        return cast("DatasetDict", streams)
+    from lmctl.prepared import prepared_splits
+    from lmctl.tokens import TextEncoder, write_blocks
+
+    encoder = TextEncoder(tokenizer, special_tokens_mask=special_tokens_mask)
+
+    def build(split: str, dataset: Dataset, path: Path) -> dict[str, Any]:
+        where = split_source(config, split)
+        column = text_column(dataset, config.text_column, where)
+        workers = config.preprocessing_num_workers or 1
+        stats = write_blocks(dataset, column, encoder, block_size, path, workers=workers)
+        if stats.blocks == 0:
+            raise DataError(
+                f"{where}: {stats.tokens} tokens, too few for one block of {block_size}",
+                "use a smaller --block-size/--max-seq-length, or more data",
+            )
+        console.info(
+            f"{split}: {stats.texts} records -> {stats.blocks} blocks of {block_size} tokens"
+        )
+        return asdict(stats)
+
+    return prepared_splits(
+        config,
+        raw,
+        tokenizer,
+        console,
+        params={
+            "kind": "blocks",
+            "block_size": block_size,
+            "special_tokens_mask": special_tokens_mask,
+        },
+        text_options=text_options_of(config),
+        build=build,
+    )
+
+
+def _group_with_offsets(
+    config: TrainConfig,
+    raw: DatasetDict,
+    tokenizer: PreTrainedTokenizerBase,
+    block_size: int,
+    console: Console,
+    *,
+    special_tokens_mask: bool,
+) -> DatasetDict:
+    """Blocks that also carry each token's character offsets (whole-word masking reads them).
+
+    The fast block writer keeps token ids only, so this path tokenizes with ``Dataset.map``
+    (cached by ``datasets`` under an explicit fingerprint) and groups the offset pairs too.
+    """
     import datasets
 
     tokenizer_key = tokenizer_fingerprint(tokenizer)
@@ -163,9 +231,9 @@ def tokenize_and_group(
                 tokenizer=tokenizer,
                 column=column,
                 special_tokens_mask=special_tokens_mask,
-                offsets=offsets,
+                offsets=True,
             ),
-            key=("tokenize", tokenizer_key, column, special_tokens_mask, offsets),
+            key=("tokenize", tokenizer_key, column, special_tokens_mask, "offsets"),
             config=config,
             description=f"tokenizing {split}",
             remove_columns=list(dataset.column_names),
@@ -188,6 +256,13 @@ def tokenize_and_group(
         )
         processed[split] = blocks
     return datasets.DatasetDict(processed)
+
+
+def text_options_of(config: TrainConfig) -> dict[str, Any]:
+    """The raw-reading options that change the texts (part of the prepared-data key)."""
+    from lmctl.objectives import get_objective
+
+    return get_objective(config.objective).text_options(config) if config.objective else {}
 
 
 def tokenize_lines(

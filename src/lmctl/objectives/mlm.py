@@ -52,6 +52,11 @@ class MlmConfig(LineByLineConfig):
                 "--whole-word-mask needs a fast tokenizer (it reads word offsets)",
                 "drop --no-use-fast-tokenizer",
             )
+        if self.whole_word_mask and self.streaming:
+            problems.add(
+                "--whole-word-mask does not work with --streaming",
+                "drop one of them; whole-word masking reads word offsets from prepared data",
+            )
 
 
 class PaddedMaskingCollator:

@@ -1,0 +1,125 @@
+"""``lmctl prepare <objective>``: tokenize and group data into the prepared-data cache ahead of
+training. Flags are the objective's data, model and objective options; a training config file
+works as is (its training options are ignored)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+from pydantic.fields import FieldInfo
+
+from lmctl.cli.params import config_parameters, given, with_signature
+from lmctl.cli.runner import run_command
+from lmctl.cli.train import cli_only_parameters
+from lmctl.config.fields import PANEL_DATA, PANEL_MODEL, PANEL_OBJECTIVE, field_extra
+from lmctl.console import Console, OutputOptions
+from lmctl.objectives import OBJECTIVES, get_objective
+
+#: Panels whose options decide the prepared data; plus the two switches that pick the splits.
+PANELS = (PANEL_MODEL, PANEL_DATA, PANEL_OBJECTIVE)
+EXTRA_FIELDS = ("do_train", "do_eval")
+#: Options of those panels that do not change the prepared data.
+SKIPPED_FIELDS = ("streaming", "shuffle_buffer_size", "dtype")
+
+EXAMPLES = """
+Prepare once, then train as often as you like without tokenizing again:
+
+    lmctl prepare {name} --train-file corpus.txt --tokenizer-name ./tok --block-size 512
+    lmctl train {name} --model ./gpt2-small --train-file corpus.txt --block-size 512
+
+With the config file the training run will use (same cache key, training options ignored):
+
+    lmctl prepare {name} --config run.yaml --preprocessing-num-workers 8
+"""
+
+prepare_app = typer.Typer(
+    name="prepare",
+    help="Tokenize and group data into the prepared-data cache that training reuses.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+)
+
+
+def _decides_data(name: str, info: FieldInfo) -> bool:
+    if name in EXTRA_FIELDS:
+        return True
+    return field_extra(info).get("panel") in PANELS and name not in SKIPPED_FIELDS
+
+
+def _make_command(name: str) -> Any:
+    objective = get_objective(name)
+    config_class = objective.config_class
+
+    def command(**values: Any) -> None:
+        output = OutputOptions(
+            json=values.pop("json_output"),
+            quiet=values.pop("quiet"),
+            no_progress=values.pop("no_progress"),
+        )
+        config_file = values.pop("config_file")
+        dry_run = values.pop("dry_run")
+        cli_values = given(values, config_class)
+        run_command(
+            lambda console: run_prepare(name, cli_values, config_file, dry_run, console),
+            output,
+            f"prepare {name}",
+        )
+
+    doc = f"Prepare {name} training data ({objective.summary}).\n\n{EXAMPLES.format(name=name)}"
+    params = config_parameters(config_class, include=_decides_data) + cli_only_parameters()
+    return with_signature(command, params, doc)
+
+
+def run_prepare(
+    name: str,
+    cli_values: dict[str, Any],
+    config_file: str | None,
+    dry_run: bool,
+    console: Console,
+) -> dict[str, Any]:
+    from lmctl.config.loader import build_config, dump_config
+
+    objective = get_objective(name)
+    config = build_config(
+        objective.config_class,
+        cli_values=cli_values,
+        config_file=config_file,
+        objective=name,
+        command="prepare",
+    )
+    if dry_run:
+        resolved = {"objective": name, **dump_config(config)}
+        if not console.options.json:
+            import yaml
+
+            sys.stdout.write(yaml.safe_dump(resolved, sort_keys=False))
+        return {"dry_run": True, "config": resolved}
+    from lmctl.pipeline import prepare_data
+    from lmctl.prepared import cache_root, describe
+
+    prepared = prepare_data(config, objective, console)
+    splits = {
+        split: describe(dataset)
+        for split, dataset in (
+            ("train", prepared.train_dataset),
+            ("validation", prepared.eval_dataset),
+        )
+        if dataset is not None
+    }
+    rows = {split: info["rows"] for split, info in splits.items()}
+    console.summary(f"lmctl prepare {name}: {cache_root(config)}", rows)
+    return {
+        "cache_dir": str(cache_root(config)),
+        "splits": splits,
+        "data_seconds": round(prepared.data_seconds, 3),
+    }
+
+
+def register() -> None:
+    for name in OBJECTIVES:
+        objective = get_objective(name)
+        prepare_app.command(name, help=None, short_help=f"Prepare data for: {objective.summary}")(
+            _make_command(name)
+        )

@@ -1,0 +1,349 @@
+"""Fast tokenization into flat token arrays, cut into fixed-size blocks.
+
+The prepared-data cache (:mod:`lmctl.prepared`) and streaming (:mod:`lmctl.stream`) share
+these pieces. They are fast because nothing is built that the model does not need: the
+tokenizer's Rust backend encodes large batches (it releases the GIL, so the next batch is
+encoded while the previous one is copied out), each distinct text of a batch only once (blank
+and repeated lines are common), no attention masks, offsets or labels are kept
+(the collator derives labels from ``input_ids``), ids go straight into one flat ``int32``
+array, and blocks are cut with numpy and written as Arrow fixed-size lists.
+
+The token stream is exactly the upstream one: every text is encoded on its own, with the
+special tokens the tokenizer adds, and the results are concatenated in order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
+
+#: Texts encoded per call: large enough to amortise the per-call cost, small enough to bound
+#: memory (a batch of long documents is still only a few megabytes).
+ENCODE_BATCH = 2048
+#: Tokens per chunk when reading token files back.
+READ_CHUNK = 1 << 22
+#: Blocks per Arrow record batch.
+WRITE_ROWS = 1024
+
+IDS_DTYPE = "int32"
+MASK_DTYPE = "int8"
+
+
+@dataclass
+class Encoded:
+    """Token ids (and optionally the special-tokens mask) of several texts, concatenated."""
+
+    ids: np.ndarray
+    mask: np.ndarray | None
+
+
+class TextEncoder:
+    """Encodes lists of texts into flat token arrays, exactly as ``tokenizer(texts)`` would.
+
+    Picklable: dataloader and preprocessing workers each build their own backend copy.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, special_tokens_mask: bool = False):
+        self.tokenizer = tokenizer
+        self.special_tokens_mask = special_tokens_mask
+        self._backend: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_backend": None}
+
+    def _fast_backend(self) -> Any:
+        """A private copy of the Rust tokenizer without truncation or padding, or None."""
+        if self._backend is None:
+            source = getattr(self.tokenizer, "backend_tokenizer", None)
+            if source is None:
+                self._backend = False
+            else:
+                from tokenizers import Tokenizer
+
+                backend = Tokenizer.from_str(source.to_str())
+                backend.no_truncation()
+                backend.no_padding()
+                backend.encode_special_tokens = bool(
+                    getattr(self.tokenizer, "split_special_tokens", False)
+                )
+                self._backend = backend
+        return self._backend or None
+
+    def encode_raw(self, texts: list[str]) -> tuple[Any, list[int] | None]:
+        """The expensive, GIL-free part: run the tokenizer on the distinct texts of ``texts``
+        (blank and repeated lines are common in text files), and where each text's is."""
+        distinct = dict.fromkeys(texts)
+        order = None
+        if len(distinct) < len(texts):
+            position = {text: index for index, text in enumerate(distinct)}
+            order = [position[text] for text in texts]
+            texts = list(distinct)
+        backend = self._fast_backend()
+        if backend is not None:
+            return backend.encode_batch_fast(texts, add_special_tokens=True), order
+        encoded = self.tokenizer(
+            texts,
+            return_attention_mask=False,
+            return_special_tokens_mask=self.special_tokens_mask,
+            verbose=False,
+        )
+        return encoded, order
+
+    def flatten(self, raw: tuple[Any, list[int] | None]) -> Encoded:
+        """The cheap part: copy ids (and mask) out of the encodings into flat arrays."""
+        import numpy as np
+
+        encoded, order = raw
+        if isinstance(encoded, list):
+            ids_lists = [encoding.ids for encoding in encoded]
+            mask_lists = (
+                [encoding.special_tokens_mask for encoding in encoded]
+                if self.special_tokens_mask
+                else None
+            )
+        else:
+            ids_lists = encoded["input_ids"]
+            mask_lists = encoded["special_tokens_mask"] if self.special_tokens_mask else None
+        if order is not None:
+            ids_lists = [ids_lists[index] for index in order]
+            if mask_lists is not None:
+                mask_lists = [mask_lists[index] for index in order]
+        count = sum(map(len, ids_lists))
+        ids = np.fromiter(chain.from_iterable(ids_lists), dtype=IDS_DTYPE, count=count)
+        mask = None
+        if mask_lists is not None:
+            mask = np.fromiter(chain.from_iterable(mask_lists), dtype=MASK_DTYPE, count=count)
+        return Encoded(ids, mask)
+
+    def encode(self, texts: list[str]) -> Encoded:
+        return self.flatten(self.encode_raw(texts))
+
+    def encode_stream(self, batches: Iterable[list[str]]) -> Iterator[Encoded]:
+        """Encode batches in order, encoding batch k+1 while batch k is being consumed."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmctl-encode") as pool:
+            pending: deque[Any] = deque()
+            for batch in batches:
+                if not batch:
+                    continue
+                pending.append(pool.submit(self.encode_raw, batch))
+                if len(pending) > 1:
+                    yield self.flatten(pending.popleft().result())
+            while pending:
+                yield self.flatten(pending.popleft().result())
+
+
+class BlockCutter:
+    """Concatenates token chunks and cuts them into ``block_size`` blocks; the rest carries
+    over to the next chunk, and what is left at the end is dropped (upstream behaviour)."""
+
+    def __init__(self, block_size: int) -> None:
+        import numpy as np
+
+        self.block_size = block_size
+        self._ids = np.empty(0, dtype=IDS_DTYPE)
+        self._mask: np.ndarray | None = None
+        self.tokens = 0
+
+    def feed(self, chunk: Encoded) -> Encoded | None:
+        """Add a chunk; return the complete blocks it finishes, shaped (n, block_size)."""
+        import numpy as np
+
+        self.tokens += len(chunk.ids)
+        ids = np.concatenate([self._ids, chunk.ids]) if len(self._ids) else chunk.ids
+        mask = None
+        if chunk.mask is not None:
+            previous = self._mask if self._mask is not None else np.empty(0, dtype=MASK_DTYPE)
+            mask = np.concatenate([previous, chunk.mask]) if len(previous) else chunk.mask
+        full = len(ids) // self.block_size * self.block_size
+        self._ids = ids[full:].copy()
+        self._mask = mask[full:].copy() if mask is not None else None
+        if full == 0:
+            return None
+        shape = (-1, self.block_size)
+        return Encoded(
+            ids[:full].reshape(shape), mask[:full].reshape(shape) if mask is not None else None
+        )
+
+    @property
+    def dropped(self) -> int:
+        """Tokens left over after the last complete block."""
+        return len(self._ids)
+
+
+def block_features(block_size: int, with_mask: bool) -> Any:
+    from datasets import Features, List, Value
+
+    columns = {"input_ids": List(Value(IDS_DTYPE), length=block_size)}
+    if with_mask:
+        columns["special_tokens_mask"] = List(Value(MASK_DTYPE), length=block_size)
+    return Features(columns)
+
+
+class BlockWriter:
+    """Writes blocks to an Arrow stream file that ``datasets.Dataset.from_file`` memory-maps."""
+
+    def __init__(self, path: Path, block_size: int, with_mask: bool) -> None:
+        import pyarrow as pa
+
+        self.block_size = block_size
+        self.schema = block_features(block_size, with_mask).arrow_schema
+        self.rows = 0
+        self._sink = pa.OSFile(str(path), "wb")
+        self._writer = pa.ipc.new_stream(self._sink, self.schema)
+
+    def write(self, blocks: Encoded) -> None:
+        import pyarrow as pa
+
+        for start in range(0, len(blocks.ids), WRITE_ROWS):
+            ids = blocks.ids[start : start + WRITE_ROWS]
+            arrays = [pa.FixedSizeListArray.from_arrays(pa.array(ids.reshape(-1)), self.block_size)]
+            if blocks.mask is not None:
+                mask = blocks.mask[start : start + WRITE_ROWS].reshape(-1)
+                arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(mask), self.block_size))
+            self._writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+            self.rows += len(ids)
+
+    def close(self) -> None:
+        self._writer.close()
+        self._sink.close()
+
+
+def texts_in_batches(
+    dataset: Dataset, column: str, start: int, stop: int, batch_size: int = ENCODE_BATCH
+) -> Iterator[list[str]]:
+    """Texts of rows ``start..stop`` of one column, in batches; missing values read as ''."""
+    import pyarrow.compute as pc
+
+    table_view = dataset.with_format("arrow")
+    for begin in range(start, stop, batch_size):
+        column_data = table_view[begin : min(begin + batch_size, stop)].column(column)
+        if column_data.null_count:
+            column_data = pc.fill_null(column_data, "")
+        yield column_data.to_pylist()
+
+
+@dataclass
+class RangeJob:
+    """One preprocessing worker's share: a contiguous range of rows."""
+
+    dataset: Any
+    column: str
+    encoder: TextEncoder
+    start: int
+    stop: int
+    prefix: str
+
+
+def tokenize_range(job: RangeJob) -> int:
+    """Encode a range of rows into ``<prefix>.ids`` (and ``.mask``); returns the token count."""
+    count = 0
+    mask_path = job.prefix + ".mask" if job.encoder.special_tokens_mask else os.devnull
+    with open(job.prefix + ".ids", "wb") as ids_file, open(mask_path, "wb") as mask_file:
+        batches = texts_in_batches(job.dataset, job.column, job.start, job.stop)
+        for chunk in job.encoder.encode_stream(batches):
+            chunk.ids.tofile(ids_file)
+            if chunk.mask is not None:
+                chunk.mask.tofile(mask_file)
+            count += len(chunk.ids)
+    return count
+
+
+def _one_thread_per_worker() -> None:
+    """Workers are the parallelism: no Rust thread pool inside each of them."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _read_tokens(prefix: str, with_mask: bool) -> Iterator[Encoded]:
+    import numpy as np
+
+    ids_all = np.memmap(prefix + ".ids", dtype=IDS_DTYPE, mode="r") if _nonempty(prefix) else None
+    if ids_all is None:
+        return
+    mask_all = np.memmap(prefix + ".mask", dtype=MASK_DTYPE, mode="r") if with_mask else None
+    for start in range(0, len(ids_all), READ_CHUNK):
+        ids = np.array(ids_all[start : start + READ_CHUNK])
+        mask = np.array(mask_all[start : start + READ_CHUNK]) if mask_all is not None else None
+        yield Encoded(ids, mask)
+
+
+def _nonempty(prefix: str) -> bool:
+    return os.path.getsize(prefix + ".ids") > 0
+
+
+@dataclass
+class BlockStats:
+    texts: int
+    tokens: int
+    blocks: int
+    dropped: int
+
+
+def write_blocks(
+    dataset: Dataset,
+    column: str,
+    encoder: TextEncoder,
+    block_size: int,
+    path: Path,
+    *,
+    workers: int = 1,
+) -> BlockStats:
+    """Tokenize a text column and write it as ``block_size`` blocks to the Arrow file ``path``.
+
+    ``workers`` processes each encode a contiguous range of rows into a token file (memory
+    stays bounded by one batch per worker); the token files are then cut into blocks in
+    order, so the result is the same whatever the number of workers.
+    """
+    rows = len(dataset)
+    workers = max(1, min(workers, -(-rows // ENCODE_BATCH)))
+    bounds = [rows * index // workers for index in range(workers + 1)]
+    scratch = path.parent / f".{path.name}.tokens"
+    scratch.mkdir(parents=True, exist_ok=True)
+    with_mask = encoder.special_tokens_mask
+    jobs = [
+        RangeJob(dataset, column, encoder, bounds[i], bounds[i + 1], str(scratch / f"{i:05d}"))
+        for i in range(workers)
+    ]
+    try:
+        if workers == 1:
+            tokenize_range(jobs[0])
+        else:
+            _run_in_processes(jobs)
+        cutter = BlockCutter(block_size)
+        writer = BlockWriter(path, block_size, with_mask)
+        try:
+            for job in jobs:
+                for chunk in _read_tokens(job.prefix, with_mask):
+                    blocks = cutter.feed(chunk)
+                    if blocks is not None:
+                        writer.write(blocks)
+        finally:
+            writer.close()
+    finally:
+        for file in scratch.iterdir():
+            file.unlink()
+        scratch.rmdir()
+    return BlockStats(texts=rows, tokens=cutter.tokens, blocks=writer.rows, dropped=cutter.dropped)
+
+
+def _run_in_processes(jobs: list[RangeJob]) -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context(method)
+    with ProcessPoolExecutor(
+        max_workers=len(jobs), mp_context=context, initializer=_one_thread_per_worker
+    ) as pool:
+        for _ in pool.map(tokenize_range, jobs):
+            pass

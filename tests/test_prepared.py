@@ -1,0 +1,178 @@
+"""The prepared-data cache: reused only when data, tokenizer and parameters all match."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lmctl import prepared
+from lmctl.config.loader import build_config
+from lmctl.console import Console, OutputOptions
+from lmctl.data import load_raw
+from lmctl.objectives.clm import ClmConfig
+from lmctl.objectives.common import tokenize_and_group
+from lmctl.prepared import MANIFEST, cache_root
+from tests.conftest import corpus_lines
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(corpus_lines()[:800]) + "\n")
+    return path
+
+
+def _prepare(
+    corpus: Path, tokenizer_dir: Path, cache: Path, block_size: int = 32, **values: Any
+) -> tuple[Any, str]:
+    """Run tokenize_and_group as training would; return the datasets and the log."""
+    import contextlib
+    import io
+
+    from transformers import AutoTokenizer
+
+    config = build_config(
+        ClmConfig,
+        cli_values={
+            "train_file": str(corpus),
+            "model_type": "gpt2",
+            "tokenizer_name": str(tokenizer_dir),
+            "prepared_cache_dir": str(cache),
+            **values,
+        },
+    )
+    raw = load_raw(config, need_eval=config.do_eval, text_options={"keep_linebreaks": True})
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    log = io.StringIO()
+    with contextlib.redirect_stderr(log):
+        console = Console(OutputOptions(no_progress=True))
+        datasets = tokenize_and_group(config, raw, tokenizer, block_size, console)
+    return datasets, log.getvalue()
+
+
+def _entries(cache: Path) -> list[dict[str, Any]]:
+    return [json.loads(path.read_text()) for path in sorted(cache.glob(f"*/{MANIFEST}"))]
+
+
+def test_identical_run_reuses_the_cache(corpus: Path, bpe_tokenizer: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first, log = _prepare(corpus, bpe_tokenizer, cache)
+    assert "preparing data" in log
+    assert len(_entries(cache)) == 2  # train and held-out validation
+    second, log = _prepare(corpus, bpe_tokenizer, cache)
+    assert "reusing prepared data" in log
+    assert "preparing" not in log
+    assert second["train"]["input_ids"] == first["train"]["input_ids"]
+    assert len(_entries(cache)) == 2
+
+
+def test_block_size_change_invalidates(corpus: Path, bpe_tokenizer: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    _prepare(corpus, bpe_tokenizer, cache, block_size=32)
+    datasets, log = _prepare(corpus, bpe_tokenizer, cache, block_size=16)
+    assert "reusing" not in log
+    assert "block_size 32 -> 16: preparing it again" in log
+    assert len(datasets["train"][0]["input_ids"]) == 16
+
+
+def test_tokenizer_change_invalidates(corpus: Path, bpe_tokenizer: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    cache = tmp_path / "cache"
+    _prepare(corpus, bpe_tokenizer, cache)
+    changed = tmp_path / "tokenizer-changed"
+    tokenizer = AutoTokenizer.from_pretrained(bpe_tokenizer)
+    tokenizer.add_tokens(["Shakespeare"])
+    tokenizer.save_pretrained(changed)
+    _, log = _prepare(corpus, changed, cache)
+    assert "reusing" not in log
+    assert "the tokenizer changed: preparing it again" in log
+
+
+def test_data_file_change_invalidates(corpus: Path, bpe_tokenizer: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first, _ = _prepare(corpus, bpe_tokenizer, cache)
+    old_dirs = {path.parent for path in cache.glob(f"*/{MANIFEST}")}
+    with corpus.open("a") as handle:
+        handle.write("\n".join(corpus_lines()[800:1200]) + "\n")
+    second, log = _prepare(corpus, bpe_tokenizer, cache)
+    assert "reusing" not in log
+    assert "the data changed" in log
+    assert len(second["train"]) > len(first["train"])
+    assert not any(path.exists() for path in old_dirs), "caches of a changed file are removed"
+
+
+def test_same_size_rewrite_invalidates(corpus: Path, bpe_tokenizer: Path, tmp_path: Path) -> None:
+    """Size alone is not the identity: a rewrite in place (new mtime) is a change too."""
+    cache = tmp_path / "cache"
+    _prepare(corpus, bpe_tokenizer, cache)
+    text = corpus.read_text()
+    corpus.write_text(text.replace("the", "The"))
+    stat = corpus.stat()
+    os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    _, log = _prepare(corpus, bpe_tokenizer, cache)
+    assert "the data changed" in log
+
+
+def test_other_settings_that_change_tokens_invalidate(
+    corpus: Path, bpe_tokenizer: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    _prepare(corpus, bpe_tokenizer, cache)
+    _, log = _prepare(corpus, bpe_tokenizer, cache, validation_split_percentage=10)
+    assert "held out" in log and "reusing" not in log
+    _, log = _prepare(corpus, bpe_tokenizer, cache, max_train_samples=100)
+    assert "max samples None -> 100" in log
+
+
+def test_overwrite_cache_rebuilds(
+    corpus: Path, bpe_tokenizer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    _prepare(corpus, bpe_tokenizer, cache)
+    # As if this were a later run: the cache predates the process.
+    monkeypatch.setattr(prepared, "_process_started", time.time)
+    _, log = _prepare(corpus, bpe_tokenizer, cache, overwrite_cache=True)
+    assert "reusing" not in log
+    assert "prepared data cached in" in log
+
+
+def test_overwrite_cache_keeps_what_another_rank_just_built(
+    corpus: Path, bpe_tokenizer: Path, tmp_path: Path
+) -> None:
+    """Ranks of one run all pass --overwrite-cache; only the first one rebuilds."""
+    cache = tmp_path / "cache"
+    _prepare(corpus, bpe_tokenizer, cache, overwrite_cache=True)
+    _, log = _prepare(corpus, bpe_tokenizer, cache, overwrite_cache=True)
+    assert "reusing prepared data" in log
+
+
+def test_cache_root_default_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = ClmConfig.model_construct(prepared_cache_dir=None)
+    monkeypatch.setenv("LMCTL_CACHE", "/somewhere")
+    assert cache_root(config) == Path("/somewhere/prepared")
+    monkeypatch.delenv("LMCTL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
+    assert cache_root(config) == Path("/xdg/lmctl/prepared")
+    explicit = ClmConfig.model_construct(prepared_cache_dir="~/mine")
+    assert cache_root(explicit) == Path("~/mine").expanduser()
+
+
+def test_remote_file_identity_follows_the_object() -> None:
+    import fsspec
+
+    from lmctl.prepared import file_identity
+
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/lmctl-identity/a.txt", b"one\n")
+    before = file_identity("memory://lmctl-identity/a.txt")
+    memory.pipe("/lmctl-identity/a.txt", b"one\ntwo\n")
+    after = file_identity("memory://lmctl-identity/a.txt")
+    assert before["size"] == 4 and after["size"] == 8
+    [matched] = file_identity("memory://lmctl-identity/*.txt")["files"]
+    assert matched["size"] == 8
