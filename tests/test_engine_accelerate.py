@@ -363,47 +363,26 @@ def test_missing_tracker_package_is_a_config_error(
 
 
 @pytest.mark.e2e
-def test_data_without_a_length_trains_and_resumes_exactly(
+def test_streaming_resumes_exactly_across_passes(
     bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """Streaming data (an iterable dataset): epochs end when the data does, and the data
-    position in a checkpoint is an epoch and a batch count."""
-    from lmctl.console import Console, OutputOptions
-    from lmctl.engine import accelerate
-    from lmctl.pipeline import prepare
-    from lmctl.signals import graceful_stop
-
-    objective = get_objective("clm")
-    train, valid = text_files
-
-    def run(out: Path, **more: Any) -> dict[str, Any]:
-        config = build_config(
-            ClmConfig,
-            cli_values={
-                "model_type": "gpt2", "config_overrides": "n_layer=2,n_embd=32,n_head=2",
-                "tokenizer_name": str(bpe_tokenizer), "train_file": str(train),
-                "validation_file": str(valid), "block_size": 64, "max_steps": 20,
-                "save_steps": 15, "logging_steps": 1, "learning_rate": 2e-3,
-                "do_eval": False, "engine": "accelerate", "output_dir": str(out), **more,
-            },
-        )  # fmt: skip
-        console = Console(OutputOptions(quiet=True))
-        prepared = prepare(config, objective, rundir.prepare_output_dir(config), console)
-        assert prepared.train_dataset is not None
-        prepared.train_dataset = prepared.train_dataset.select(range(60)).to_iterable_dataset(2)
-        with graceful_stop() as stop:
-            result = accelerate.run(prepared, console, stop)
-        assert result.global_step == 20
-        return result.train_metrics
-
+    """--streaming: the data position in a checkpoint is a pass over the stream and a batch
+    count; a resume continues the stream exactly, also into the next pass."""
     full = tmp_path / "full"
-    # 60 samples: epochs of 7 batches of 8 and one of 4.
-    assert run(full)["train_samples"] == 60 + 60 + 4 * 8
-    state = json.loads((full / "checkpoint-15" / rundir.STATE_FILE).read_text())
-    assert state["stateful_callbacks"][accelerate.DATA_POSITION] == {"epoch": 1, "batches_done": 7}
-    crashed = tmp_path / "crashed"
-    shutil.copytree(full / "checkpoint-15", crashed / "checkpoint-15")
-    run(crashed, resume_from_checkpoint="auto")
+    args = clm_args(bpe_tokenizer, text_files, full, "--streaming", steps=70)
+    args += ["--checkpointing-steps", "30", "--engine", "accelerate"]
+    proc = lmctl(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert results(full)["eval_samples"] > 0
+    state = json.loads((full / "checkpoint-60" / rundir.STATE_FILE).read_text())
+    assert state["stateful_callbacks"]["AccelerateDataPosition"] == {"epoch": 0, "batches_done": 60}
+    assert records(full)[-1]["epoch"] >= 1  # the run went on into a second pass
+
+    crashed = tmp_path / "crashed"  # what a run that died after step 60 leaves behind
+    shutil.copytree(full / "checkpoint-60", crashed / "checkpoint-60")
+    args[args.index(str(full))] = str(crashed)
+    resumed = lmctl(*args, "--resume-from-checkpoint", "auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
     assert last_training_loss(crashed) == pytest.approx(last_training_loss(full), abs=1e-4)
 
 

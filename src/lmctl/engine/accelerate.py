@@ -291,6 +291,7 @@ class AccelerateRun:
         self._grad_norm: float | None = None
         self._learning_rate = 0.0
         self._preparation_time: float | None = None  # reported by an evaluation-only run
+        self._eval_count = 0  # examples seen by the last evaluation
 
     def close(self) -> None:
         """Finish the trackers and the process group. The distributed model goes first: its
@@ -319,7 +320,8 @@ class AccelerateRun:
         if config.do_eval and self.prepared.eval_dataset is not None:
             self.reporter.end()
             result.eval_metrics = self.evaluate()
-            result.eval_metrics["eval_samples"] = len(self.prepared.eval_dataset)
+            size = _length(self.prepared.eval_dataset)  # a stream has none: count what was seen
+            result.eval_metrics["eval_samples"] = size if size is not None else self._eval_count
         if config.do_train:
             self._write_state(self.run_dir)
         elif self.is_main:
@@ -631,6 +633,7 @@ class AccelerateRun:
                 if self.is_main:
                     metrics.update(logits, labels)
         self.model.train()
+        self._eval_count = count
         results: dict[str, Any] = {"eval_loss": loss_sum / max(count, 1)}
         if self.is_main:
             results.update({f"eval_{key}": value for key, value in metrics.compute().items()})
