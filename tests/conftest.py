@@ -309,3 +309,14 @@ def swag_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     train = write_jsonl(folder / "train.jsonl", swag_records(400, seed=1))
     valid = write_jsonl(folder / "valid.jsonl", swag_records(60, seed=2))
     return train, valid
+
+
+def assert_clean_failure(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == code, output
+    assert "Traceback" not in output, output
+    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, proc.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    assert "hint:" in errors[0]

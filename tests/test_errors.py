@@ -6,18 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_GPT2, lmctl
-
-
-def _assert_clean_failure(proc, code: int, *needles: str) -> None:  # type: ignore[no-untyped-def]
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == code, output
-    assert "Traceback" not in output, output
-    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
-    assert len(errors) == 1, proc.stderr
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-    assert "hint:" in errors[0]
+from tests.conftest import TINY_GPT2, assert_clean_failure, lmctl
 
 
 @pytest.fixture
@@ -97,7 +86,7 @@ def test_bad_input(case: str, files: dict[str, Path], bpe_tokenizer: Path, tmp_p
     if "--output-dir" not in over:
         over["--output-dir"] = str(tmp_path / "out")
     proc = lmctl("train", "clm", *_scratch(files, bpe_tokenizer, **over), cwd=tmp_path)
-    _assert_clean_failure(proc, code, *needles)
+    assert_clean_failure(proc, code, *needles)
     if case == "non-empty output dir":
         assert (files["busy"] / "keep.txt").read_text() == "precious"
     else:
@@ -116,7 +105,7 @@ def test_overrides_with_pretrained_model(tmp_path: Path, files: dict[str, Path])
         str(files["train"]),
         cwd=tmp_path,
     )
-    _assert_clean_failure(proc, 2, "--config-overrides can't be used with --model-name-or-path")
+    assert_clean_failure(proc, 2, "--config-overrides can't be used with --model-name-or-path")
 
 
 def test_hub_model_offline_fails_fast(tmp_path: Path, files: dict[str, Path]) -> None:
@@ -133,14 +122,14 @@ def test_hub_model_offline_fails_fast(tmp_path: Path, files: dict[str, Path]) ->
         env={"HF_ENDPOINT": "http://127.0.0.1:9"},
         timeout=120,
     )
-    _assert_clean_failure(proc, 6, "--model-name-or-path gpt2", "unreachable")
+    assert_clean_failure(proc, 6, "--model-name-or-path gpt2", "unreachable")
 
 
 def test_misspelled_yaml_key_exits_2(tmp_path: Path, files: dict[str, Path]) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(f"model_type: gpt2\ntrain_file: {files['train']}\nnum_train_epoch: 2\n")
     proc = lmctl("train", "clm", "--config", config, cwd=tmp_path)
-    _assert_clean_failure(proc, 2, "'num_train_epoch'", "did you mean 'num_train_epochs'")
+    assert_clean_failure(proc, 2, "'num_train_epoch'", "did you mean 'num_train_epochs'")
 
 
 def test_unknown_flag_is_usage_error(tmp_path: Path) -> None:
@@ -188,4 +177,4 @@ def test_hub_dataset_offline_fails_fast(tmp_path: Path, bpe_tokenizer: Path) -> 
         env={"HF_ENDPOINT": "http://127.0.0.1:9"},
         timeout=120,
     )
-    _assert_clean_failure(proc, 6, "--dataset-name wikitext", "unreachable")
+    assert_clean_failure(proc, 6, "--dataset-name wikitext", "unreachable")

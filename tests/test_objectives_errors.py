@@ -14,6 +14,7 @@ from tests.conftest import (
     TINY_BERT,
     TINY_GPT2,
     TINY_XLNET,
+    assert_clean_failure,
     lmctl,
     minilm_path,
     swag_records,
@@ -21,17 +22,6 @@ from tests.conftest import (
 )
 
 MODELS = {"clm": TINY_GPT2, "mlm": TINY_BERT, "plm": TINY_XLNET, "swag": TINY_BERT}
-
-
-def assert_clean_failure(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == code, output
-    assert "Traceback" not in output, output
-    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
-    assert len(errors) == 1, proc.stderr
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-    assert "hint:" in errors[0]
 
 
 @pytest.fixture
