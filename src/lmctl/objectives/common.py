@@ -203,6 +203,31 @@ def tokenize_and_group(
     )
 
 
+def _tokenized_split(
+    config: TrainConfig,
+    split: str,
+    dataset: Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    tokenizer_key: str,
+    *,
+    description: str,
+    **options: Any,
+) -> tuple[str, Dataset]:
+    """One split through :func:`_tokenize` (``datasets``-cached under an explicit key), and
+    how the user named its data (for messages)."""
+    where = split_source(config, split)
+    column = text_column(dataset, config.text_column, where)
+    tokenized = cached_map(
+        dataset,
+        partial(_tokenize, tokenizer=tokenizer, column=column, **options),
+        key=("tokenize", tokenizer_key, column, *sorted(options.items())),
+        config=config,
+        description=f"{description} {split}",
+        remove_columns=list(dataset.column_names),
+    )
+    return where, tokenized
+
+
 def _group_with_offsets(
     config: TrainConfig,
     raw: DatasetDict,
@@ -222,21 +247,15 @@ def _group_with_offsets(
     tokenizer_key = tokenizer_fingerprint(tokenizer)
     processed = {}
     for split, dataset in raw.items():
-        where = split_source(config, split)
-        column = text_column(dataset, config.text_column, where)
-        tokenized = cached_map(
+        where, tokenized = _tokenized_split(
+            config,
+            split,
             dataset,
-            partial(
-                _tokenize,
-                tokenizer=tokenizer,
-                column=column,
-                special_tokens_mask=special_tokens_mask,
-                offsets=True,
-            ),
-            key=("tokenize", tokenizer_key, column, special_tokens_mask, "offsets"),
-            config=config,
-            description=f"tokenizing {split}",
-            remove_columns=list(dataset.column_names),
+            tokenizer,
+            tokenizer_key,
+            description="tokenizing",
+            special_tokens_mask=special_tokens_mask,
+            offsets=True,
         )
         blocks = cached_map(
             tokenized,
@@ -282,31 +301,17 @@ def tokenize_lines(
     tokenizer_key = tokenizer_fingerprint(tokenizer)
     processed = {}
     for split, dataset in raw.items():
-        where = split_source(config, split)
-        column = text_column(dataset, config.text_column, where)
-        samples = cached_map(
+        where, samples = _tokenized_split(
+            config,
+            split,
             dataset,
-            partial(
-                _tokenize,
-                tokenizer=tokenizer,
-                column=column,
-                special_tokens_mask=special_tokens_mask,
-                offsets=offsets,
-                max_length=max_length,
-                pad_to_max_length=pad_to_max_length,
-            ),
-            key=(
-                "lines",
-                tokenizer_key,
-                column,
-                special_tokens_mask,
-                offsets,
-                max_length,
-                pad_to_max_length,
-            ),
-            config=config,
-            description=f"tokenizing {split} line by line",
-            remove_columns=list(dataset.column_names),
+            tokenizer,
+            tokenizer_key,
+            description="tokenizing line by line:",
+            special_tokens_mask=special_tokens_mask,
+            offsets=offsets,
+            max_length=max_length,
+            pad_to_max_length=pad_to_max_length,
         )
         if len(samples) == 0:
             raise DataError(
