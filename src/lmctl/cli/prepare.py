@@ -10,11 +10,9 @@ from typing import Any
 import typer
 from pydantic.fields import FieldInfo
 
-from lmctl.cli.params import config_parameters, given, with_signature
-from lmctl.cli.runner import run_command
-from lmctl.cli.train import cli_only_parameters
+from lmctl.cli.train import objective_command
 from lmctl.config.fields import PANEL_DATA, PANEL_MODEL, PANEL_OBJECTIVE, field_extra
-from lmctl.console import Console, OutputOptions
+from lmctl.console import Console
 from lmctl.objectives import OBJECTIVES, get_objective
 
 #: Panels whose options decide the prepared data; plus the two switches that pick the splits.
@@ -49,27 +47,11 @@ def _decides_data(name: str, info: FieldInfo) -> bool:
 
 
 def _make_command(name: str) -> Any:
-    objective = get_objective(name)
-    config_class = objective.config_class
-
-    def command(**values: Any) -> None:
-        output = OutputOptions(
-            json=values.pop("json_output"),
-            quiet=values.pop("quiet"),
-            no_progress=values.pop("no_progress"),
-        )
-        config_file = values.pop("config_file")
-        dry_run = values.pop("dry_run")
-        cli_values = given(values, config_class)
-        run_command(
-            lambda console: run_prepare(name, cli_values, config_file, dry_run, console),
-            output,
-            f"prepare {name}",
-        )
-
-    doc = f"Prepare {name} training data ({objective.summary}).\n\n{EXAMPLES.format(name=name)}"
-    params = config_parameters(config_class, include=_decides_data) + cli_only_parameters()
-    return with_signature(command, params, doc)
+    doc = (
+        f"Prepare {name} training data ({get_objective(name).summary}).\n\n"
+        f"{EXAMPLES.format(name=name)}"
+    )
+    return objective_command(name, "prepare", run_prepare, doc, include=_decides_data)
 
 
 def run_prepare(

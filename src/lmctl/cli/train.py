@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import inspect
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import typer
+from pydantic.fields import FieldInfo
 
 from lmctl.cli.options import ConfigOpt, DryRunOpt, JsonOpt, NoProgressOpt, QuietOpt
 from lmctl.cli.params import config_parameters, given, with_signature
@@ -92,9 +94,20 @@ def cli_only_parameters() -> list[inspect.Parameter]:
     ]
 
 
-def _make_command(name: str) -> Any:
-    objective = get_objective(name)
-    config_class = objective.config_class
+#: Runs one objective command: (objective, flags given, config file, dry run, console).
+CommandBody = Callable[[str, dict[str, Any], str | None, bool, Console], dict[str, Any]]
+
+
+def objective_command(
+    name: str,
+    verb: str,
+    body: CommandBody,
+    doc: str,
+    include: Callable[[str, FieldInfo], bool] | None = None,
+) -> Any:
+    """``lmctl <verb> <name>``: the objective's config fields (those ``include`` keeps) as
+    flags, plus the CLI-only options; ``body`` gets the flags that were actually given."""
+    config_class = get_objective(name).config_class
 
     def command(**values: Any) -> None:
         output = OutputOptions(
@@ -106,14 +119,18 @@ def _make_command(name: str) -> Any:
         dry_run = values.pop("dry_run")
         cli_values = given(values, config_class)
         run_command(
-            lambda console: run_train(name, cli_values, config_file, dry_run, console),
+            lambda console: body(name, cli_values, config_file, dry_run, console),
             output,
-            f"train {name}",
+            f"{verb} {name}",
         )
 
-    doc = f"{objective.summary}.\n\n{EXAMPLES.get(name, '')}"
-    params = config_parameters(config_class) + cli_only_parameters()
+    params = config_parameters(config_class, include=include) + cli_only_parameters()
     return with_signature(command, params, doc)
+
+
+def _make_command(name: str) -> Any:
+    doc = f"{get_objective(name).summary}.\n\n{EXAMPLES.get(name, '')}"
+    return objective_command(name, "train", run_train, doc)
 
 
 def run_train(
