@@ -28,9 +28,9 @@ def main() -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, Trainer
 
-    from lmctl import stream
     from lmctl.config.loader import build_config
     from lmctl.console import Console, OutputOptions
+    from lmctl.data import stream
     from lmctl.engine.trainer import training_arguments
     from lmctl.objectives.clm import ClmConfig
     from lmctl.objectives.common import BlockCollator

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lmctl import rundir
+from lmctl.run import rundir
+from lmctl.storage import atomic
 
 
 def _checkpoint(run: Path, step: int, payload: bytes = b"weights") -> Path:
@@ -91,7 +92,7 @@ def test_discard_staging_removes_only_leftovers(tmp_path: Path) -> None:
     _checkpoint(tmp_path, 5)
     (tmp_path / ".tmp-checkpoint-10-trainer").mkdir()
     (tmp_path / ".tmp-checkpoint-10-trainer" / "model.safetensors").write_bytes(b"x")
-    removed = rundir.discard_staging(tmp_path)
+    removed = atomic.discard_staging(tmp_path)
     assert [p.name for p in removed] == [".tmp-checkpoint-10-trainer"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-5"]
 
@@ -135,13 +136,13 @@ def test_kill_during_save_leaves_previous_checkpoint(tmp_path: Path) -> None:
     code = (
         "import sys, json\n"
         "from pathlib import Path\n"
-        "from lmctl import rundir\n"
+        "from lmctl.run import rundir\n"
         "run = Path(sys.argv[1])\n"
         "with rundir.atomic_dir(run / 'checkpoint-10') as d:\n"
         "    (d / 'model.safetensors').write_bytes(b'new')\n"
         "    (d / 'trainer_state.json').write_text('{}')\n"
     )
-    env = {**os.environ, rundir.TEST_PAUSE_ENV: "checkpoint-10:60"}
+    env = {**os.environ, atomic.TEST_PAUSE_ENV: "checkpoint-10:60"}
     proc = subprocess.Popen(
         [sys.executable, "-c", code, str(tmp_path)],
         env=env,

@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
-from lmctl import rundir
 from lmctl.config.loader import build_config
 from lmctl.errors import ConfigError
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.objectives.clm import ClmConfig
+from lmctl.run import rundir
+from lmctl.storage import atomic
 from tests import conftest
 from tests.conftest import TINY_GPT2, lmctl
 
@@ -251,13 +252,13 @@ def test_resume_after_a_crash_matches_the_uninterrupted_run(
     args = [*clm_args(bpe_tokenizer, text_files, out, "--checkpointing-steps", "10")]
     args += ["--engine", "accelerate"]
     # Killed in the middle of saving checkpoint-30 (held there by the test hook), after step 25.
-    staging = rundir.staging_dir(out / "checkpoint-30", owner="accelerate")
+    staging = atomic.staging_dir(out / "checkpoint-30", owner="accelerate")
     killed = run_until(
         args,
         (staging / rundir.STATE_FILE).is_file,
         signal.SIGKILL,
         tmp_path,
-        env={rundir.TEST_PAUSE_ENV: "checkpoint-30:120"},
+        env={atomic.TEST_PAUSE_ENV: "checkpoint-30:120"},
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert staging.is_dir() and not (out / "checkpoint-30").exists()
@@ -447,7 +448,7 @@ def _tiny_models() -> list[Any]:
 def test_no_weight_decay_on_biases_and_layernorm_weights(index: int) -> None:
     from transformers import Trainer
 
-    from lmctl.engine.accelerate import parameter_groups
+    from lmctl.engine.optim import parameter_groups
 
     model = _tiny_models()[index]
     decay, no_decay = parameter_groups(model, 0.1)
@@ -474,7 +475,7 @@ def test_every_scheduler_type_runs(tmp_path: Path) -> None:
     import torch
 
     from lmctl.config.base import SCHEDULER_KWARGS, LrScheduler
-    from lmctl.engine.accelerate import make_scheduler
+    from lmctl.engine.optim import make_scheduler
 
     kwargs = {"min_lr_rate": 0.1, "num_decay_steps": 3}
     for name in typing.get_args(LrScheduler):
@@ -498,7 +499,7 @@ def test_every_scheduler_type_runs(tmp_path: Path) -> None:
 def test_warmup_ratio_counts_steps_of_the_run(tmp_path: Path) -> None:
     import torch
 
-    from lmctl.engine.accelerate import make_scheduler
+    from lmctl.engine.optim import make_scheduler
 
     config = _config(tmp_path, warmup_ratio=0.25, lr_scheduler_type="constant_with_warmup")
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
@@ -526,21 +527,21 @@ def test_warmup_ratio_counts_steps_of_the_run(tmp_path: Path) -> None:
 def test_plan(
     tmp_path: Path, values: dict[str, Any], batches: int | None, expected: tuple[int, ...]
 ) -> None:
-    from lmctl.engine.accelerate import make_plan
+    from lmctl.engine.optim import make_plan
 
     plan = make_plan(_config(tmp_path, **values), batches)
     assert (plan.max_steps, plan.epochs, plan.logging_steps, plan.save_steps) == expected
 
 
 def test_plan_needs_max_steps_without_a_length(tmp_path: Path) -> None:
-    from lmctl.engine.accelerate import make_plan
+    from lmctl.engine.optim import make_plan
 
     with pytest.raises(ConfigError, match="--max-steps"):
         make_plan(_config(tmp_path), None)
 
 
 def test_position_after_an_epoch_is_the_next_epoch(tmp_path: Path) -> None:
-    from lmctl.engine.accelerate import make_plan
+    from lmctl.engine.optim import make_plan
 
     plan = make_plan(_config(tmp_path, max_steps=30), 10)
     assert plan.position_after(0, 4) == (0, 4)

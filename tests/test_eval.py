@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from lmctl import rundir
 from lmctl.cli.app import app
 from lmctl.config.fields import flag_name
 from lmctl.objectives import OBJECTIVES, get_objective
+from lmctl.run import rundir
 from tests.conftest import corpus_lines, lmctl
 
 TIMING_KEYS = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
@@ -96,7 +96,7 @@ def _model_dir(folder: Path, objective_name: str, recipe: Recipe) -> Path:
     from transformers import CONFIG_MAPPING
 
     from lmctl.console import Console, OutputOptions
-    from lmctl.modeling import train_tokenizer
+    from lmctl.models.build import train_tokenizer
 
     lines = corpus_lines()[:3000]
     tokenizer = train_tokenizer(

@@ -60,7 +60,7 @@ def test_line_by_line_skips_blank_lines_and_truncates(
 
 
 def test_group_into_blocks_keeps_offset_pairs() -> None:
-    from lmctl.data import group_into_blocks
+    from lmctl.data.load import group_into_blocks
 
     out = group_into_blocks(
         {

@@ -116,7 +116,7 @@ def test_train_tokenizer_learns_from_the_choice_columns(tmp_path: Path) -> None:
     import datasets
 
     from lmctl.console import Console, OutputOptions
-    from lmctl.modeling import train_tokenizer
+    from lmctl.models.build import train_tokenizer
 
     records = swag_records(50, seed=7)
     train = write_jsonl(tmp_path / "t.jsonl", records)
@@ -140,7 +140,7 @@ def test_train_tokenizer_learns_from_the_choice_columns(tmp_path: Path) -> None:
 
 
 def test_record_lines_in_csv_and_jsonl(tmp_path: Path) -> None:
-    from lmctl.data import record_location
+    from lmctl.data.load import record_location
 
     table = tmp_path / "t.csv"
     table.write_text('a,b\n1,"two\nlines"\n\n3,x\n4,y\n')

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from lmctl import prepared
 from lmctl.config.loader import build_config
 from lmctl.console import Console, OutputOptions
-from lmctl.data import load_raw
+from lmctl.data import prepared
+from lmctl.data.load import load_raw
+from lmctl.data.prepared import MANIFEST, cache_root
 from lmctl.objectives.clm import ClmConfig
 from lmctl.objectives.common import tokenize_and_group
-from lmctl.prepared import MANIFEST, cache_root
 from tests.conftest import corpus_lines
 
 
@@ -166,7 +166,7 @@ def test_cache_root_default_and_environment(monkeypatch: pytest.MonkeyPatch) -> 
 def test_remote_file_identity_follows_the_object() -> None:
     import fsspec
 
-    from lmctl.prepared import file_identity
+    from lmctl.data.prepared import file_identity
 
     memory = fsspec.filesystem("memory")
     memory.pipe("/lmctl-identity/a.txt", b"one\n")

@@ -128,9 +128,9 @@ def test_push_to_s3_and_read_back(
     for key, value in s3_store.env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("LMCTL_CACHE_DIR", str(tmp_path / "cache"))
-    from lmctl import storage
+    from lmctl.storage import locations
 
-    fetched = storage.localize("s3://models/tiny")
+    fetched = locations.localize("s3://models/tiny")
     assert fetched.is_dir() and not (fetched / "checkpoint-10").exists()
     assert _loss(fetched) == _loss(trained_run)
 

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from lmctl import rundir
 from lmctl.engine import ENGINES
 from lmctl.objectives.clm import ClmConfig
+from lmctl.run import rundir
+from lmctl.storage import atomic
 from tests.conftest import corpus_lines, lmctl
 
 MAX_STEPS = 40
@@ -362,7 +363,7 @@ def test_sigkill_during_checkpoint_save(
     out = tmp_path / "run"
     paused = f"checkpoint-{2 * SAVE_STEPS}"
     proc = _start(
-        _train_args(small_train_file, engine, out), **{rundir.TEST_PAUSE_ENV: f"{paused}:120"}
+        _train_args(small_train_file, engine, out), **{atomic.TEST_PAUSE_ENV: f"{paused}:120"}
     )
     assert proc.stderr is not None
     for line in proc.stderr:

@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 import pytest
 from typer.testing import CliRunner
 
-from lmctl import storage
 from lmctl.cli.app import app
 from lmctl.errors import ConfigError, PermissionDenied
+from lmctl.storage import locations
 from tests.conftest import S3Store
 
 
@@ -33,7 +33,7 @@ from tests.conftest import S3Store
     ],
 )
 def test_parse_location(text: str, protocol: str, path: str) -> None:
-    location = storage.parse_location(text, "--to")
+    location = locations.parse_location(text, "--to")
     assert (location.protocol, location.path) == (protocol, path)
 
 
@@ -42,17 +42,17 @@ def test_parse_location(text: str, protocol: str, path: str) -> None:
 )
 def test_parse_location_rejects(text: str) -> None:
     with pytest.raises(ConfigError) as info:
-        storage.parse_location(text, "--to")
+        locations.parse_location(text, "--to")
     assert info.value.exit_code == 2
     assert info.value.message.startswith("--to")
 
 
 def test_failure_mapping() -> None:
-    assert storage.failure(PermissionError("Access Denied"), "s3://b/x").exit_code == 7
-    assert storage.failure(ConnectionRefusedError(111, "refused"), "s3://b/x").exit_code == 6
-    assert storage.failure(FileNotFoundError("no bucket"), "s3://b/x").exit_code == 2
+    assert locations.failure(PermissionError("Access Denied"), "s3://b/x").exit_code == 7
+    assert locations.failure(ConnectionRefusedError(111, "refused"), "s3://b/x").exit_code == 6
+    assert locations.failure(FileNotFoundError("no bucket"), "s3://b/x").exit_code == 2
     with pytest.raises(ZeroDivisionError):
-        storage.failure(ZeroDivisionError(), "s3://b/x")
+        locations.failure(ZeroDivisionError(), "s3://b/x")
 
 
 @pytest.fixture
@@ -60,19 +60,19 @@ def s3_env(s3_store: S3Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     for key, value in s3_store.env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("LMCTL_CACHE_DIR", str(tmp_path / "cache"))
-    storage.forget_fetched()
+    locations.forget_fetched()
     return s3_store
 
 
 def test_localize_caches_by_etag_and_size(s3_env: S3Store) -> None:
     client = s3_env.client()
     client.put_object(Bucket="models", Key="cache/data/train.txt", Body=b"first version\n")
-    first = storage.localize("s3://models/cache/data/train.txt", "--train-file")
+    first = locations.localize("s3://models/cache/data/train.txt", "--train-file")
     assert first.name == "train.txt" and first.read_bytes() == b"first version\n"
     before = first.stat()
 
-    storage.forget_fetched()  # a new run: the remote object is checked again
-    again = storage.localize("s3://models/cache/data/train.txt", "--train-file")
+    locations.forget_fetched()  # a new run: the remote object is checked again
+    again = locations.localize("s3://models/cache/data/train.txt", "--train-file")
     after = again.stat()
     assert again == first
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), (
@@ -80,8 +80,8 @@ def test_localize_caches_by_etag_and_size(s3_env: S3Store) -> None:
     )
 
     client.put_object(Bucket="models", Key="cache/data/train.txt", Body=b"second version\n")
-    storage.forget_fetched()
-    changed = storage.localize("s3://models/cache/data/train.txt", "--train-file")
+    locations.forget_fetched()
+    changed = locations.localize("s3://models/cache/data/train.txt", "--train-file")
     assert changed.read_bytes() == b"second version\n"
 
 
@@ -89,7 +89,7 @@ def test_localize_directory_skips_checkpoints_and_hidden_files(s3_env: S3Store) 
     client = s3_env.client()
     for key in ("config.json", "sub/extra.bin", "checkpoint-5/model.bin", ".hidden"):
         client.put_object(Bucket="models", Key=f"plain/{key}", Body=key.encode())
-    local = storage.localize("s3://models/plain/")
+    local = locations.localize("s3://models/plain/")
     found = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
     assert [name for name in found if not name.startswith(".lmctl")] == [
         "config.json",
@@ -103,23 +103,23 @@ def test_localize_checks_manifest_checksums(s3_env: S3Store) -> None:
     manifest = {"files": [{"path": "config.json", "size": 2, "sha256": "0" * 64}]}
     client.put_object(Bucket="models", Key="bad/lmctl-manifest.json", Body=json.dumps(manifest))
     with pytest.raises(Exception, match="does not match its checksum"):
-        storage.localize("s3://models/bad", "--model-name-or-path s3://models/bad")
+        locations.localize("s3://models/bad", "--model-name-or-path s3://models/bad")
     client.put_object(Bucket="models", Key="partial/lmctl-manifest.json", Body=json.dumps(manifest))
     with pytest.raises(ConfigError, match="lists files that are not there"):
-        storage.localize("s3://models/partial")
+        locations.localize("s3://models/partial")
 
 
 def test_localize_missing_object_is_a_usage_error(s3_env: S3Store) -> None:
     with pytest.raises(ConfigError) as info:
-        storage.localize(
+        locations.localize(
             "s3://models/nothing/here.txt", "--train-file s3://models/nothing/here.txt"
         )
     assert info.value.message.startswith("--train-file s3://models/nothing/here.txt: not found")
 
 
 def test_localize_keeps_local_paths(tmp_path: Path) -> None:
-    assert storage.localize(str(tmp_path)) == tmp_path
-    assert storage.localize(f"file://{tmp_path}") == tmp_path
+    assert locations.localize(str(tmp_path)) == tmp_path
+    assert locations.localize(f"file://{tmp_path}") == tmp_path
 
 
 def test_a_registered_filesystem_plugs_in(
@@ -142,7 +142,7 @@ def test_a_registered_filesystem_plugs_in(
 
     fsspec.register_implementation("vault", VaultFileSystem, clobber=True)
     monkeypatch.setenv("LMCTL_CACHE_DIR", str(tmp_path / "cache"))
-    storage.forget_fetched()
+    locations.forget_fetched()
     result = CliRunner().invoke(app, ["push", str(model_dir), "--to", "vault://team/model"])
     assert result.exit_code == 0, result.output
     published = sorted(p.name for p in (tmp_path / "vault" / "team" / "model").iterdir())
@@ -153,7 +153,7 @@ def test_a_registered_filesystem_plugs_in(
         "model.safetensors",
         "tokenizer.json",
     ]
-    fetched = storage.localize("vault://team/model", "--model-name-or-path")
+    fetched = locations.localize("vault://team/model", "--model-name-or-path")
     assert (fetched / "config.json").read_text() == "config.json"
     assert fetched.is_relative_to(tmp_path / "cache")
 
@@ -197,7 +197,7 @@ class RecordingHfApi:
 def fake_hub(monkeypatch: pytest.MonkeyPatch) -> type[RecordingHfApi]:
     import huggingface_hub
 
-    from lmctl import hub
+    from lmctl.storage import hub
 
     RecordingHfApi.calls = []
     RecordingHfApi.fail_commit = None

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from lmctl import stream
 from lmctl.config.loader import build_config
 from lmctl.console import Console, OutputOptions
+from lmctl.data import stream
 from lmctl.errors import DataError
 from lmctl.objectives.clm import ClmConfig
 

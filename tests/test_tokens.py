@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from lmctl.tokens import BlockCutter, Encoded, TextEncoder, write_blocks
+from lmctl.data.tokens import BlockCutter, Encoded, TextEncoder, write_blocks
 from tests.conftest import corpus_lines
 
 
@@ -15,7 +15,7 @@ from tests.conftest import corpus_lines
 def wordpiece_tokenizer() -> Any:
     """A BERT-style tokenizer that adds [CLS] and [SEP] to every text."""
     from lmctl.console import Console, OutputOptions
-    from lmctl.modeling import train_tokenizer
+    from lmctl.models.build import train_tokenizer
 
     return train_tokenizer(
         lambda: iter([corpus_lines()[:2000]]),

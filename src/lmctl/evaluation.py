@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from lmctl import rundir
-from lmctl.config.base import TrainConfig, is_remote, local_path
+from lmctl.config.base import TrainConfig
 from lmctl.config.fields import flag_name
 from lmctl.errors import ConfigError, Interrupted
 from lmctl.metrics import perplexity
-from lmctl.modeling import looks_like_path
+from lmctl.models.build import looks_like_path
 from lmctl.objectives import OBJECTIVES, get_objective
-from lmctl.resume import resume_command
+from lmctl.run import rundir
+from lmctl.run.resume import resume_command
+from lmctl.storage.paths import is_remote, local_path
 
 if TYPE_CHECKING:
     from lmctl.console import Console
@@ -206,7 +207,7 @@ def _architectures(name: str, local: Path | None) -> list[str]:
     else:
         from transformers import AutoConfig
 
-        from lmctl.modeling import load_pretrained
+        from lmctl.models.build import load_pretrained
 
         found = load_pretrained(AutoConfig.from_pretrained, name, "PATH").architectures
     return [str(item) for item in found or []]

@@ -13,8 +13,11 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl import data, modeling, plugins
+from lmctl.data.load import load_raw, silence_libraries
+from lmctl.models.build import build_model, build_model_config, load_tokenizer
+from lmctl.models.plugins import load_plugins
 from lmctl.objectives.common import split_source
+from lmctl.run.rundir import resume_checkpoint
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -57,19 +60,19 @@ def has_model_source(config: TrainConfig) -> bool:
 
 def prepare_data(config: TrainConfig, objective: Objective, console: Console) -> PreparedData:
     """Tokenizer and model-ready splits; the model config only decides sequence lengths."""
-    data.silence_libraries()
+    silence_libraries()
     from transformers import PretrainedConfig, set_seed
 
     set_seed(config.seed)
-    plugins.load_plugins(config.imports, console)
+    load_plugins(config.imports, console)
     has_model = has_model_source(config)
-    model_config = modeling.build_model_config(config, console) if has_model else PretrainedConfig()
+    model_config = build_model_config(config, console) if has_model else PretrainedConfig()
     if has_model:
         objective.check_architecture(config, model_config)
     started = time.monotonic()
     raw: Any
     if config.streaming:
-        from lmctl import stream
+        from lmctl.data import stream
 
         if config.preprocessing_num_workers:
             console.warn(
@@ -83,7 +86,7 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
             text_options=objective.text_options(config),
         )
     else:
-        raw = data.load_raw(
+        raw = load_raw(
             config,
             need_eval=config.do_eval,
             text_options=objective.text_options(config),
@@ -96,7 +99,14 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
             return raw["train"].texts()
         return objective.training_texts(config, raw["train"], split_source(config, "train"))
 
-    tokenizer = modeling.load_tokenizer(config, objective, model_config, training_texts, console)
+    tokenizer = load_tokenizer(
+        config,
+        objective,
+        model_config,
+        training_texts,
+        console,
+        resume_from=resume_checkpoint(config),
+    )
     if has_model:
         objective.check_model(config, model_config, tokenizer)
     if not config.do_train:
@@ -116,8 +126,13 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
 
 def prepare(config: TrainConfig, objective: Objective, run_dir: Path, console: Console) -> Prepared:
     prepared = prepare_data(config, objective, console)
-    model = modeling.build_model(
-        config, objective, prepared.model_config, prepared.tokenizer, console
+    model = build_model(
+        config,
+        objective,
+        prepared.model_config,
+        prepared.tokenizer,
+        console,
+        resumed=resume_checkpoint(config) is not None,
     )
     return Prepared(
         config=config,

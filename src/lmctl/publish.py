@@ -30,8 +30,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lmctl import __version__, hub, rundir, storage
+from lmctl import __version__
 from lmctl.errors import ConfigError, PermissionDenied, RemoteUnreachable
+from lmctl.run import rundir
+from lmctl.storage import hub, locations
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -81,7 +83,7 @@ def collect_files(path: Path, *, include_checkpoints: bool) -> list[LocalFile]:
         rel = file.relative_to(path)
         if any(part.startswith(".") for part in rel.parts) or not file.is_file():
             continue
-        if rel.as_posix() == storage.MANIFEST:
+        if rel.as_posix() == locations.MANIFEST:
             continue
         if not include_checkpoints and rundir.CHECKPOINT_PATTERN.match(rel.parts[0]):
             continue
@@ -162,7 +164,7 @@ def target_for(
     revision: str | None = None,
     message: str | None = None,
 ) -> Target:
-    location = storage.parse_location(destination, flag)
+    location = locations.parse_location(destination, flag)
     if location.is_hub:
         return HubTarget(
             location,
@@ -172,7 +174,7 @@ def target_for(
             message=message or DEFAULT_MESSAGE,
             console=console,
         )
-    storage.filesystem_class(location.protocol, f"{flag} {destination}")
+    locations.filesystem_class(location.protocol, f"{flag} {destination}")
     return StoreTarget(location, console)
 
 
@@ -181,7 +183,7 @@ class HubTarget:
 
     def __init__(
         self,
-        location: storage.Location,
+        location: locations.Location,
         *,
         token: str | None,
         private: bool,
@@ -323,7 +325,7 @@ def _hub_failure(exc: Exception, where: str) -> Exception:
 class StoreTarget:
     """An fsspec location, published through a staging prefix and a manifest written last."""
 
-    def __init__(self, location: storage.Location, console: Console) -> None:
+    def __init__(self, location: locations.Location, console: Console) -> None:
         self.location = location
         self.url = location.url.rstrip("/")
         self.console = console
@@ -333,19 +335,19 @@ class StoreTarget:
     def _staging(self, root: str) -> str:
         """A sibling of the destination, so that nothing in it shows under the destination."""
         root = root.rstrip("/")
-        if self.location.protocol in storage.OBJECT_STORES and "/" not in root:
+        if self.location.protocol in locations.OBJECT_STORES and "/" not in root:
             return f"{root}/.lmctl-staging"  # the destination is a whole bucket
         parent, _, name = root.rpartition("/")
         return f"{parent}/.{name}.lmctl-staging" if name else "/.lmctl-staging"
 
     def _make_parent(self, fs: AbstractFileSystem, path: str) -> None:
-        if self.location.protocol not in storage.OBJECT_STORES:
+        if self.location.protocol not in locations.OBJECT_STORES:
             fs.makedirs(path.rpartition("/")[0], exist_ok=True)
 
     def check_access(self) -> None:
         if self._checked:
             return
-        fs, root = storage.open_location(self.location, fail_fast=True)
+        fs, root = locations.open_location(self.location, fail_fast=True)
         staging = self._staging(root)
         probe = f"{staging}/.write-probe-{uuid.uuid4().hex}"
         try:
@@ -353,8 +355,8 @@ class StoreTarget:
             fs.pipe_file(probe, b"lmctl write probe\n")
             fs.rm_file(probe)
         except Exception as exc:
-            raise storage.failure(exc, self.url) from exc
-        if self.location.protocol not in storage.OBJECT_STORES:
+            raise locations.failure(exc, self.url) from exc
+        if self.location.protocol not in locations.OBJECT_STORES:
             with suppress(OSError):
                 fs.rmdir(staging)
         self._checked = True
@@ -362,30 +364,30 @@ class StoreTarget:
 
     def publish(self, files: list[LocalFile]) -> dict[str, Any]:
         self.check_access()
-        fs, root = storage.open_location(self.location)
+        fs, root = locations.open_location(self.location)
         try:
             return self._publish(fs, root, files)
         except Exception as exc:
-            raise storage.failure(exc, self.url) from exc
+            raise locations.failure(exc, self.url) from exc
 
     def _publish(self, fs: AbstractFileSystem, root: str, files: list[LocalFile]) -> dict[str, Any]:
         staging = self._staging(root)
-        digests = {item.rel: storage.file_digests(item.path) for item in files}
+        digests = {item.rel: locations.file_digests(item.path) for item in files}
         uploaded: list[str] = []
         reused: list[str] = []
         in_place: set[str] = set()
         for item in files:
             staged, final = f"{staging}/{item.rel}", f"{root}/{item.rel}"
-            if storage.object_matches(fs, staged, item.size, digests[item.rel]):
+            if locations.object_matches(fs, staged, item.size, digests[item.rel]):
                 reused.append(item.rel)
                 continue
-            if storage.object_matches(fs, final, item.size, digests[item.rel]):
+            if locations.object_matches(fs, final, item.size, digests[item.rel]):
                 reused.append(item.rel)
                 in_place.add(item.rel)
                 continue
             self._make_parent(fs, staged)
             fs.put_file(str(item.path), staged)
-            if not storage.object_matches(fs, staged, item.size, digests[item.rel]):
+            if not locations.object_matches(fs, staged, item.size, digests[item.rel]):
                 raise RemoteUnreachable(
                     f"{self.url}: {item.rel} does not match its size or checksum after upload",
                     "rerun the same command; verified objects are not uploaded again",
@@ -395,8 +397,8 @@ class StoreTarget:
             self._written()
         # From here on the destination changes: first take its manifest away (kept in
         # staging, so that a re-run still knows which old files to remove).
-        manifest_path = f"{root}/{storage.MANIFEST}"
-        kept_manifest = f"{staging}/.previous-{storage.MANIFEST}"
+        manifest_path = f"{root}/{locations.MANIFEST}"
+        kept_manifest = f"{staging}/.previous-{locations.MANIFEST}"
         if _read_manifest(fs, manifest_path) is not None:
             self._make_parent(fs, kept_manifest)
             fs.mv(manifest_path, kept_manifest)
@@ -407,7 +409,7 @@ class StoreTarget:
             final = f"{root}/{item.rel}"
             self._make_parent(fs, final)
             fs.mv(f"{staging}/{item.rel}", final)
-            if not storage.object_matches(fs, final, item.size, digests[item.rel]):
+            if not locations.object_matches(fs, final, item.size, digests[item.rel]):
                 raise RemoteUnreachable(
                     f"{self.url}: {item.rel} does not match its checksum after moving it "
                     "into place",
@@ -437,7 +439,7 @@ class StoreTarget:
         )
         return {
             "destination": self.url,
-            "manifest": f"{self.url}/{storage.MANIFEST}",
+            "manifest": f"{self.url}/{locations.MANIFEST}",
             "files": [item.rel for item in files],
             "bytes": sum(item.size for item in files),
             "uploaded": uploaded,
@@ -449,7 +451,7 @@ class StoreTarget:
     ) -> None:
         """The manifest goes through staging too, so that it appears whole or not at all."""
         body = (json.dumps(manifest, indent=2) + "\n").encode()
-        staged = f"{staging}/{storage.MANIFEST}"
+        staged = f"{staging}/{locations.MANIFEST}"
         self._make_parent(fs, staged)
         fs.pipe_file(staged, body)
         fs.mv(staged, final)

@@ -78,8 +78,8 @@ def run_prepare(
 
             sys.stdout.write(yaml.safe_dump(resolved, sort_keys=False))
         return {"dry_run": True, "config": resolved}
+    from lmctl.data.prepared import cache_root, describe
     from lmctl.pipeline import prepare_data
-    from lmctl.prepared import cache_root, describe
 
     prepared = prepare_data(config, objective, console)
     splits = {

@@ -21,7 +21,7 @@ from lmctl.cli.runner import run_command
 from lmctl.config.base import TrainConfig
 from lmctl.console import Console, OutputOptions
 from lmctl.objectives import OBJECTIVES, get_objective
-from lmctl.resume import RESUME_OVERRIDES
+from lmctl.run.resume import RESUME_OVERRIDES
 
 HELP = """Continue an interrupted or finished run from its newest complete checkpoint.
 
@@ -108,8 +108,8 @@ def run_resume(
     dry_run: bool,
     console: Console,
 ) -> dict[str, Any]:
-    from lmctl import rundir
-    from lmctl.resume import plan_resume, refuse_fixed_options
+    from lmctl.run import rundir
+    from lmctl.run.resume import plan_resume, refuse_fixed_options
 
     refuse_fixed_options(forbidden, str(run_dir))
     plan = plan_resume(run_dir, overrides, console)

@@ -14,7 +14,7 @@ import typer
 from lmctl.console import Console, OutputOptions
 from lmctl.distributed import is_main_process
 from lmctl.errors import ExitCode, LmctlError
-from lmctl.signals import sigterm_as_interrupt
+from lmctl.run.signals import sigterm_as_interrupt
 
 
 def debug_enabled() -> bool:

@@ -141,7 +141,7 @@ def run_train(
     console: Console,
 ) -> dict[str, Any]:
     from lmctl.config.loader import build_config, dump_config, read_config_file, with_output_dir
-    from lmctl.rundir import check_output_dir
+    from lmctl.run.rundir import check_output_dir
 
     objective = get_objective(name)
     file_keys = set(read_config_file(config_file)) if config_file else set()

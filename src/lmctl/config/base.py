@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 from datetime import datetime
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
@@ -31,6 +30,7 @@ from lmctl.config.fields import (
     flag_name,
     option,
 )
+from lmctl.storage.paths import data_extension, has_glob, is_remote, local_path, matching_files
 
 DATA_EXTENSIONS = ("txt", "csv", "json", "jsonl", "parquet")
 LrScheduler = Literal[
@@ -58,35 +58,6 @@ SCHEDULER_KWARGS = {
     "warmup_stable_decay": ("num_decay_steps",),
 }
 _OVERRIDE_ITEM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=[^,=]*$")
-
-
-def is_remote(path: str) -> bool:
-    """True for fsspec URLs such as ``s3://bucket/key``; local paths and ``file://`` are not."""
-    return "://" in path and not path.startswith("file://")
-
-
-def local_path(path: str) -> Path:
-    return Path(path.removeprefix("file://")).expanduser()
-
-
-def has_glob(path: str) -> bool:
-    """Whether a data path is a pattern (``data/*.txt``) naming several files."""
-    return any(char in path for char in "*?[")
-
-
-def matching_files(path: str) -> list[str]:
-    """The local files a data path names: the file itself, or a pattern's matches in order."""
-    if not has_glob(path):
-        return [str(local_path(path))] if local_path(path).is_file() else []
-    import glob
-
-    pattern = str(local_path(path))
-    return sorted(match for match in glob.glob(pattern, recursive=True) if Path(match).is_file())
-
-
-def data_extension(path: str) -> str:
-    name = path.rstrip("/").rsplit("/", 1)[-1]
-    return name.rsplit(".", 1)[-1].lower() if "." in name else ""
 
 
 class Problems:
@@ -574,7 +545,7 @@ class TrainConfig(StrictModel):
 
     def _check_push(self, problems: Problems) -> None:
         from lmctl.errors import ConfigError
-        from lmctl.storage import parse_location
+        from lmctl.storage.locations import parse_location
 
         assert self.push_to is not None
         try:

@@ -49,7 +49,7 @@ class PushConfig(StrictModel):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> PushConfig:
-        from lmctl.storage import parse_location
+        from lmctl.storage.locations import parse_location
 
         problems = Problems()
         if self.to is None:

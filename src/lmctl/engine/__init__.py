@@ -3,6 +3,8 @@
 :func:`train` owns the run directory contract (config, results, model card) and the outcome
 (success, interrupted, non-finite loss); an engine module only runs the loop and returns an
 :class:`~lmctl.engine.common.EngineResult`.
+
+The engine layer may import pipeline, publish, objectives, run and everything below them.
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl import rundir
 from lmctl.distributed import is_main_process
 from lmctl.engine.common import NonFiniteLoss
 from lmctl.errors import Interrupted, TrainingFailed
 from lmctl.metrics import perplexity
-from lmctl.resume import resume_command
-from lmctl.signals import graceful_stop
+from lmctl.run import rundir
+from lmctl.run.resume import resume_command
+from lmctl.run.signals import graceful_stop
 
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig

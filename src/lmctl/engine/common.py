@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl import rundir
 from lmctl.console import Console
-from lmctl.signals import StopRequest
+from lmctl.run import rundir
+from lmctl.run.signals import StopRequest
 
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig

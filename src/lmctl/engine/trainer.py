@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl.engine.common import EngineResult, NonFiniteLoss, StepReporter, resolve_resume
 from lmctl.errors import ConfigError
-from lmctl.signals import StopRequest
+from lmctl.run.signals import StopRequest
 
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
@@ -88,7 +88,8 @@ def _make_trainer_class() -> type:
     from transformers.trainer_callback import ExportableState
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-    from lmctl import rundir
+    from lmctl.run import rundir
+    from lmctl.storage import atomic
 
     class LmctlTrainer(Trainer):
         """Stops on a non-finite loss, evaluates with the objective's eval collator, and
@@ -125,9 +126,9 @@ def _make_trainer_class() -> type:
             run_dir = Path(self._get_output_dir(trial=trial))
             final = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             # Every process writes its part (RNG state, shards) into the same staging folder.
-            staging = rundir.staging_dir(final, owner="trainer")
+            staging = atomic.staging_dir(final, owner="trainer")
             if self.args.should_save:
-                rundir.begin_staging(final, owner="trainer")
+                atomic.begin_staging(final, owner="trainer")
             self.accelerator.wait_for_everyone()
             self.save_model(str(staging), _internal_call=True)
             best_step = self.state.best_global_step
@@ -299,7 +300,7 @@ def _callback_class() -> type:
 def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult:
     from transformers import PrinterCallback
 
-    from lmctl import rundir
+    from lmctl.run import rundir
 
     config = prepared.config
     args = training_arguments(config, prepared.run_dir)
@@ -350,7 +351,7 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
 
 
 def _step_of(checkpoint: str) -> int:
-    from lmctl import rundir
+    from lmctl.run import rundir
 
     try:
         return rundir.checkpoint_step(Path(checkpoint))

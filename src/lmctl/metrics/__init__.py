@@ -1,4 +1,7 @@
-"""Metrics computed batch by batch, so evaluation memory does not grow with the eval set."""
+"""Metrics computed batch by batch, so evaluation memory does not grow with the eval set.
+
+Bottom layer: imports nothing else of lmctl.
+"""
 
 from __future__ import annotations
 

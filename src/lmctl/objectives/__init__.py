@@ -1,4 +1,7 @@
-"""The training objectives, by name. Modules are imported only when a command needs one."""
+"""The training objectives, by name. Modules are imported only when a command needs one.
+
+May import data, models, config, storage and the bottom layer.
+"""
 
 from __future__ import annotations
 

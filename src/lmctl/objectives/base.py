@@ -44,7 +44,7 @@ class Objective(ABC):
         self, config: TrainConfig, train: Dataset, where: str
     ) -> Iterator[list[str]]:
         """Texts that ``--train-tokenizer`` learns from."""
-        from lmctl.data import iterate_texts, text_column
+        from lmctl.data.load import iterate_texts, text_column
 
         return iterate_texts(train, text_column(train, config.text_column, where))
 
@@ -56,7 +56,7 @@ class Objective(ABC):
         self, config: TrainConfig, dataset: Dataset, where: str, path: str | None
     ) -> None:
         """Reject malformed records of a split as loaded (before the validation hold-out and
-        sample limits, so that ``lmctl.data.record_location(path, index)`` names the line)."""
+        sample limits, so that ``lmctl.data.load.record_location(path, index)`` names the line)."""
         return
 
     @abstractmethod
@@ -65,13 +65,13 @@ class Objective(ABC):
 
     def check_architecture(self, config: TrainConfig, model_config: PretrainedConfig) -> None:
         """Reject an architecture this objective can't train, before the tokenizer and data."""
-        from lmctl.modeling import check_auto_class
+        from lmctl.models.build import check_auto_class
 
         check_auto_class(config, self, model_config)
 
     def model_classes(self) -> set[str]:
         """Names of the model classes this objective trains (used to infer a model's task)."""
-        from lmctl.modeling import model_class_names
+        from lmctl.models.build import model_class_names
 
         return model_class_names(self.auto_model_class())
 

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from lmctl.config.base import TrainConfig
 from lmctl.config.fields import PANEL_OBJECTIVE, option
-from lmctl.data import cached_map, group_into_blocks, text_column, tokenizer_fingerprint
+from lmctl.data.load import cached_map, group_into_blocks, text_column, tokenizer_fingerprint
 from lmctl.errors import DataError
-from lmctl.modeling import max_positions
+from lmctl.models.build import max_positions
 
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
@@ -152,24 +152,24 @@ def tokenize_and_group(
 ) -> DatasetDict:
     """Tokenize every text, concatenate, and cut into ``block_size`` blocks.
 
-    With ``--streaming`` this happens on the fly (:mod:`lmctl.stream`); otherwise the blocks
-    come from the prepared-data cache (:mod:`lmctl.prepared`), built on a miss by the fast
-    tokenizer (:mod:`lmctl.tokens`) with ``--preprocessing-num-workers`` processes.
+    With ``--streaming`` this happens on the fly (:mod:`lmctl.data.stream`); otherwise the blocks
+    come from the prepared-data cache (:mod:`lmctl.data.prepared`), built on a miss by the fast
+    tokenizer (:mod:`lmctl.data.tokens`) with ``--preprocessing-num-workers`` processes.
     """
     if offsets:
         return _group_with_offsets(
             config, raw, tokenizer, block_size, console, special_tokens_mask=special_tokens_mask
         )
     if config.streaming:
-        from lmctl import stream
+        from lmctl.data import stream
 
         sources = cast("dict[str, stream.TextSource]", raw)
         streams = stream.block_streams(
             config, sources, tokenizer, block_size, console, special_tokens_mask=special_tokens_mask
         )
         return cast("DatasetDict", streams)
-    from lmctl.prepared import prepared_splits
-    from lmctl.tokens import TextEncoder, write_blocks
+    from lmctl.data.prepared import prepared_splits
+    from lmctl.data.tokens import TextEncoder, write_blocks
 
     encoder = TextEncoder(tokenizer, special_tokens_mask=special_tokens_mask)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from lmctl.config.base import Problems, TrainConfig
 from lmctl.config.fields import PANEL_OBJECTIVE, option
 from lmctl.errors import ConfigError
-from lmctl.modeling import tokenizer_source
+from lmctl.models.build import tokenizer_source
 from lmctl.objectives.base import Objective
 from lmctl.objectives.common import (
     LineByLineConfig,

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import field_validator, model_validator
 
-from lmctl.config.base import Problems, TrainConfig, data_extension
+from lmctl.config.base import Problems, TrainConfig
 from lmctl.config.fields import PANEL_DATA, PANEL_OBJECTIVE, option
-from lmctl.data import cached_map, record_location, tokenizer_fingerprint
+from lmctl.data.load import cached_map, record_location, tokenizer_fingerprint
 from lmctl.errors import ConfigError, DataError
-from lmctl.modeling import tokenizer_source
+from lmctl.models.build import tokenizer_source
 from lmctl.objectives.base import Objective
 from lmctl.objectives.common import SequenceConfig, resolve_sequence_length, split_source
+from lmctl.storage.paths import data_extension
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -1,4 +1,7 @@
-"""Files shipped inside the package."""
+"""Files shipped inside the package.
+
+Bottom layer: imports nothing else of lmctl.
+"""
 
 from pathlib import Path
 

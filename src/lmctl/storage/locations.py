@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from lmctl import hub
-from lmctl.config.base import is_remote, local_path
 from lmctl.errors import ConfigError, LmctlError, PermissionDenied, RemoteUnreachable
+from lmctl.storage import hub
+from lmctl.storage.paths import is_remote, local_path
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

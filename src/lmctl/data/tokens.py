@@ -1,6 +1,6 @@
 """Fast tokenization into flat token arrays, cut into fixed-size blocks.
 
-The prepared-data cache (:mod:`lmctl.prepared`) and streaming (:mod:`lmctl.stream`) share
+The prepared-data cache (:mod:`lmctl.data.prepared`) and streaming (:mod:`lmctl.data.stream`) share
 these pieces. They are fast because nothing is built that the model does not need: the
 tokenizer's Rust backend encodes large batches (it releases the GIL, so the next batch is
 encoded while the previous one is copied out), each distinct text of a batch only once (blank

@@ -3,10 +3,10 @@
 Raw data comes from local files (txt, csv, json, jsonl, parquet) or a Hub dataset. The
 result is a ``DatasetDict`` with ``train`` and, when evaluation is on, ``validation`` (held
 out from train by ``--validation-split-percentage`` when the data has none). Tokenized data
-is cached by :mod:`lmctl.prepared`; :func:`cached_map` keys a single ``datasets`` map step
+is cached by :mod:`lmctl.data.prepared`; :func:`cached_map` keys a single ``datasets`` map step
 on an explicit fingerprint (input data, tokenizer content, parameters, lmctl version) for
 preprocessing steps that live inside such a cached build. Streaming runs read their data
-through :mod:`lmctl.stream` instead.
+through :mod:`lmctl.data.stream` instead.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl import __version__, hub
-from lmctl.config.base import data_extension, has_glob, is_remote, local_path
+from lmctl import __version__
 from lmctl.errors import ConfigError, DataError
+from lmctl.storage import hub
+from lmctl.storage.paths import data_extension, has_glob, is_remote, local_path
 
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
@@ -113,10 +114,11 @@ def _load_files(config: TrainConfig, files: dict[str, str], text_options: dict[s
 
 
 def _localize(path: str, flag: str) -> str:
-    """Remote files are fetched into lmctl's cache first (see :func:`lmctl.storage.localize`)."""
-    from lmctl import storage
+    """Remote files are fetched into lmctl's cache first (see
+    :func:`lmctl.storage.locations.localize`)."""
+    from lmctl.storage import locations
 
-    return str(storage.localize(path, f"{flag} {path}"))
+    return str(locations.localize(path, f"{flag} {path}"))
 
 
 def _explain_bad_file(path: str, extension: str, shown: str, exc: Exception) -> None:

@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import __version__
 from lmctl.errors import ConfigError
+from lmctl.storage import atomic
+from lmctl.storage.atomic import atomic_write, manifest_problem
+from lmctl.storage.paths import is_remote, local_path
 
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
@@ -38,9 +39,7 @@ CONFIG_FILE = "lmctl.yaml"
 METRICS_LOG = "metrics.jsonl"
 STATE_FILE = "trainer_state.json"
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
-STAGING_PREFIX = ".tmp-"
 MANIFEST_FILE = "lmctl_checkpoint.json"
-TEST_PAUSE_ENV = "LMCTL_TEST_PAUSE_IN_SAVE"
 
 
 def check_output_dir(config: TrainConfig) -> None:
@@ -100,7 +99,6 @@ def write_config(path: Path, config: TrainConfig) -> None:
     resumed from is not part of it (``lmctl resume`` finds the newest one itself)."""
     import yaml
 
-    from lmctl.config.base import is_remote, local_path
     from lmctl.config.loader import dump_config
 
     data = {"objective": config.objective, **dump_config(config)}
@@ -113,7 +111,7 @@ def write_config(path: Path, config: TrainConfig) -> None:
         f"# lmctl {__version__} resolved config; rerun it with:\n"
         f"#   lmctl train {config.objective} --config {CONFIG_FILE}\n"
     )
-    _atomic_write(path / CONFIG_FILE, header + yaml.safe_dump(data, sort_keys=False))
+    atomic_write(path / CONFIG_FILE, header + yaml.safe_dump(data, sort_keys=False))
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -143,112 +141,18 @@ def load_results(path: Path) -> dict[str, Any]:
     return json.loads(all_path.read_text()) if all_path.is_file() else {}
 
 
-@contextmanager
-def atomic_dir(final: Path, owner: str | None = None) -> Iterator[Path]:
-    """Write a directory under a temporary name in the same folder, then rename it into place.
-
-    Readers (resume, eval, another process) see either no directory or a complete one; a crash
-    midway leaves only a hidden ``.tmp-*`` folder that :func:`checkpoints` ignores and
-    :func:`discard_staging` removes. ``owner`` names the staging folder (default: this
-    process id); processes that write one directory together must agree on it.
-    """
-    staging = begin_staging(final, owner)
-    try:
-        yield staging
-        commit_dir(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def staging_dir(final: Path, owner: str | None = None) -> Path:
-    """The hidden temporary name under which ``final`` is written before it is committed."""
-    tag = owner if owner is not None else str(os.getpid())
-    return final.parent / f"{STAGING_PREFIX}{final.name}-{tag}"
-
-
-def begin_staging(final: Path, owner: str | None = None) -> Path:
-    """An empty staging folder for ``final`` (a leftover from a crashed writer is cleared)."""
-    staging = staging_dir(final, owner)
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
-    return staging
+def atomic_dir(final: Path, owner: str | None = None) -> AbstractContextManager[Path]:
+    """:func:`lmctl.storage.atomic.atomic_dir`, with a manifest when ``final`` is a checkpoint."""
+    return atomic.atomic_dir(final, owner, _manifest_for(final))
 
 
 def commit_dir(staging: Path, final: Path) -> None:
-    """Flush ``staging`` to disk and rename it to ``final`` (replacing an older copy).
-
-    A checkpoint also gets a manifest of its files and sizes, written last, so that a later
-    truncation or partial copy is detected by :func:`checkpoint_problem`.
-    """
-    _test_pause(final)
-    if CHECKPOINT_PATTERN.match(final.name):
-        files = {
-            str(file.relative_to(staging)): file.stat().st_size
-            for file in sorted(staging.rglob("*"))
-            if file.is_file()
-        }
-        (staging / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=1) + "\n")
-    _fsync_tree(staging)
-    if final.exists():
-        _remove_dir(final)
-    os.replace(staging, final)
-    _fsync_dir(final.parent)
+    """:func:`lmctl.storage.atomic.commit_dir`, with a manifest when ``final`` is a checkpoint."""
+    atomic.commit_dir(staging, final, _manifest_for(final))
 
 
-def _test_pause(final: Path) -> None:
-    """Test hook: ``LMCTL_TEST_PAUSE_IN_SAVE=SECONDS`` (every save) or ``NAME:SECONDS`` (only
-    the directory called NAME) sleeps after the content is written and before the rename, so
-    that a test can kill the process in the middle of a save."""
-    value = os.environ.get(TEST_PAUSE_ENV, "").strip()
-    if not value:
-        return
-    name, _, seconds = value.rpartition(":")
-    if name and name != final.name:
-        return
-    sys.stderr.write(f"{TEST_PAUSE_ENV}: pausing {seconds}s before committing {final.name}\n")
-    sys.stderr.flush()
-    time.sleep(float(seconds))
-
-
-def _remove_dir(path: Path) -> None:
-    """Delete a directory so that it disappears at once: rename it away, then remove it."""
-    doomed = staging_dir(path, "deleted")
-    if doomed.exists():
-        shutil.rmtree(doomed)
-    os.replace(path, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
-
-
-def _fsync_tree(root: Path) -> None:
-    for file in root.rglob("*"):
-        if file.is_file():
-            with open(file, "rb") as handle:
-                os.fsync(handle.fileno())
-    _fsync_dir(root)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def discard_staging(path: Path) -> list[Path]:
-    """Remove half-written directories left in ``path`` by a save that was killed."""
-    if not path.is_dir():
-        return []
-    found = sorted(
-        child
-        for child in path.iterdir()
-        if child.is_dir() and child.name.startswith(STAGING_PREFIX)
-    )
-    for child in found:
-        shutil.rmtree(child, ignore_errors=True)
-    return found
+def _manifest_for(final: Path) -> str | None:
+    return MANIFEST_FILE if CHECKPOINT_PATTERN.match(final.name) else None
 
 
 def checkpoints(path: Path) -> list[Path]:
@@ -282,20 +186,7 @@ def checkpoint_problem(path: Path) -> str | None:
         return f"{STATE_FILE} is missing (the save did not finish)"
     except (OSError, ValueError):
         return f"{STATE_FILE} is unreadable"
-    manifest = path / MANIFEST_FILE
-    if not manifest.is_file():
-        return None
-    try:
-        files = json.loads(manifest.read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"{MANIFEST_FILE} is unreadable"
-    for name, size in files.items():
-        file = path / name
-        if not file.is_file():
-            return f"{name} is missing"
-        if file.stat().st_size != size:
-            return f"{name} has {file.stat().st_size} bytes instead of {size}"
-    return None
+    return manifest_problem(path, MANIFEST_FILE)
 
 
 def is_complete_checkpoint(path: Path) -> bool:
@@ -311,6 +202,16 @@ def latest_checkpoint(path: Path, skipped: list[tuple[Path, str]] | None = None)
         if skipped is not None:
             skipped.append((candidate, problem))
     return None
+
+
+def resume_checkpoint(config: TrainConfig) -> Path | None:
+    """The local checkpoint a run resumes from (``auto``: the newest complete one), if any."""
+    checkpoint = config.resume_from_checkpoint
+    if checkpoint is None or is_remote(checkpoint):
+        return None
+    if checkpoint == "auto":
+        return latest_checkpoint(Path(config.output_dir or "."))
+    return local_path(checkpoint)
 
 
 def read_checkpoint_state(path: Path) -> dict[str, Any]:
@@ -337,7 +238,7 @@ def rotate_checkpoints(
     excess = len(found) - max(limit, len(kept))
     deleted = removable[: max(excess, 0)]
     for checkpoint in deleted:
-        _remove_dir(checkpoint)
+        atomic.remove_dir(checkpoint)
     return deleted
 
 
@@ -454,7 +355,7 @@ def write_model_card(
     lines += ["", "## Framework versions", ""]
     shown = versions or framework_versions()
     lines += [f"- {name} {version}" for name, version in shown.items()]
-    _atomic_write(path / "README.md", "\n".join(lines) + "\n")
+    atomic_write(path / "README.md", "\n".join(lines) + "\n")
 
 
 def framework_versions() -> dict[str, str]:
@@ -489,13 +390,4 @@ def _json_default(value: Any) -> Any:
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """A results file, written atomically (upstream layout: indented, sorted keys)."""
-    _atomic_write(path, json.dumps(data, indent=4, sort_keys=True, default=_json_default) + "\n")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=4, sort_keys=True, default=_json_default) + "\n")

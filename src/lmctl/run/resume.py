@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl import rundir
 from lmctl.config.fields import flag_name
 from lmctl.errors import ConfigError
 from lmctl.objectives import OBJECTIVES, get_objective
+from lmctl.run import rundir
+from lmctl.storage import atomic
 
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
@@ -119,7 +120,7 @@ def check_run_dir(run_dir: Path) -> None:
 
 def find_checkpoint(run_dir: Path, console: Console) -> Path:
     """The newest complete checkpoint; leftovers of killed saves are removed with a warning."""
-    for leftover in rundir.discard_staging(run_dir):
+    for leftover in atomic.discard_staging(run_dir):
         console.warn(f"removed {leftover.name}: a checkpoint save that did not finish")
     skipped: list[tuple[Path, str]] = []
     checkpoint = rundir.latest_checkpoint(run_dir, skipped)

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import __version__
-from lmctl.config.base import has_glob, is_remote, local_path, matching_files
-from lmctl.data import tokenizer_fingerprint
-from lmctl.rundir import atomic_dir
+from lmctl.data.load import tokenizer_fingerprint
+from lmctl.storage.atomic import atomic_dir
+from lmctl.storage.paths import has_glob, is_remote, local_path, matching_files
 
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict

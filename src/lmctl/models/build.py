@@ -11,20 +11,35 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from lmctl import hub, storage
-from lmctl.config.base import is_remote, local_path
 from lmctl.errors import ConfigError, ModelError, PermissionDenied
+from lmctl.storage import hub, locations
+from lmctl.storage.paths import is_remote, local_path
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
     from lmctl.config.base import TrainConfig
     from lmctl.console import Console
-    from lmctl.objectives.base import Objective
 
 T = TypeVar("T")
+
+
+class ModelObjective(Protocol):
+    """What building a model needs to know of an objective (``lmctl.objectives.base.Objective``
+    satisfies it; this layer does not import the objectives)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def summary(self) -> str: ...
+    @property
+    def example_models(self) -> str: ...
+    @property
+    def tokenizer_algorithm(self) -> str: ...
+    def auto_model_class(self) -> Any: ...
+
 
 SPECIAL_TOKENS = {
     "bpe": {
@@ -57,9 +72,9 @@ def looks_like_path(name: str) -> bool:
 
 def load_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: Any) -> T:
     """Load from a storage URL, a local directory, the Hub cache, or the Hub, in that order."""
-    if name.startswith(f"{storage.HUB_PROTOCOL}://"):
-        name = name.removeprefix(f"{storage.HUB_PROTOCOL}://")
-    path = storage.localize(name, f"{flag} {name}") if is_remote(name) else local_path(name)
+    if name.startswith(f"{locations.HUB_PROTOCOL}://"):
+        name = name.removeprefix(f"{locations.HUB_PROTOCOL}://")
+    path = locations.localize(name, f"{flag} {name}") if is_remote(name) else local_path(name)
     if path.exists():
         if not path.is_dir():
             raise ConfigError(f"{flag} {name}: not a directory", "give a model directory")
@@ -166,7 +181,7 @@ def tokenizer_source(config: TrainConfig) -> str:
 
 
 def check_auto_class(
-    config: TrainConfig, objective: Objective, model_config: PretrainedConfig
+    config: TrainConfig, objective: ModelObjective, model_config: PretrainedConfig
 ) -> None:
     """Fail before any data work when the objective's Auto class has no model for this
     architecture (e.g. ``train mlm --model-type gpt2``)."""
@@ -195,16 +210,20 @@ def max_positions(model_config: PretrainedConfig) -> int | None:
 
 def load_tokenizer(
     config: TrainConfig,
-    objective: Objective,
+    objective: ModelObjective,
     model_config: PretrainedConfig,
     training_texts: Callable[[], Iterator[list[str]]],
     console: Console,
+    *,
+    resume_from: Path | None = None,
 ) -> PreTrainedTokenizerBase:
+    """The run's tokenizer; with ``--train-tokenizer``, the one trained for this run when
+    ``resume_from`` (the checkpoint the run resumes from) holds it."""
     from transformers import AutoTokenizer
 
     if config.train_tokenizer is not None:
-        resumed = _resumed_tokenizer(config)
-        if resumed is not None:
+        resumed = resume_from
+        if resumed is not None and (resumed / "tokenizer_config.json").is_file():
             console.info(f"resuming: using the tokenizer trained for this run ({resumed})")
             return load_pretrained(
                 AutoTokenizer.from_pretrained,
@@ -229,24 +248,6 @@ def load_tokenizer(
         use_fast=config.use_fast_tokenizer,
         **_hub_kwargs(config),
     )
-
-
-def _resume_checkpoint(config: TrainConfig) -> Path | None:
-    """The local checkpoint this run resumes from, if any."""
-    from lmctl import rundir
-
-    checkpoint = config.resume_from_checkpoint
-    if checkpoint is None or is_remote(checkpoint):
-        return None
-    if checkpoint == "auto":
-        return rundir.latest_checkpoint(Path(config.output_dir or "."))
-    return local_path(checkpoint)
-
-
-def _resumed_tokenizer(config: TrainConfig) -> Path | None:
-    """The checkpoint a run resumes from, when it holds the tokenizer trained for the run."""
-    path = _resume_checkpoint(config)
-    return path if path is not None and (path / "tokenizer_config.json").is_file() else None
 
 
 def train_tokenizer(
@@ -318,10 +319,12 @@ def train_tokenizer(
 
 def build_model(
     config: TrainConfig,
-    objective: Objective,
+    objective: ModelObjective,
     model_config: PretrainedConfig,
     tokenizer: PreTrainedTokenizerBase,
     console: Console,
+    *,
+    resumed: bool = False,
 ) -> PreTrainedModel:
     auto_class = objective.auto_model_class()
     if config.model_name_or_path is not None:
@@ -349,7 +352,7 @@ def build_model(
             ) from exc
         params = sum(p.numel() for p in model.parameters())
         kind = model_config.model_type
-        if _resume_checkpoint(config) is not None:
+        if resumed:
             console.info(f"{kind} model, {_count(params)} parameters, restored from the checkpoint")
         else:
             console.info(f"training a new {kind} model from scratch: {_count(params)} parameters")

@@ -32,10 +32,10 @@ from functools import partial
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from lmctl import hub
-from lmctl.config.base import data_extension, has_glob, is_remote, matching_files
+from lmctl.data.tokens import ENCODE_BATCH, BlockCutter, TextEncoder
 from lmctl.errors import ConfigError, DataError
-from lmctl.tokens import ENCODE_BATCH, BlockCutter, TextEncoder
+from lmctl.storage import hub
+from lmctl.storage.paths import data_extension, has_glob, is_remote, matching_files
 
 if TYPE_CHECKING:
     from datasets import IterableDataset
@@ -478,7 +478,7 @@ def block_streams(
     special_tokens_mask: bool = False,
 ) -> dict[str, IterableDataset]:
     """Streams of ``block_size`` blocks (the streaming side of ``tokenize_and_group``)."""
-    from lmctl.tokens import block_features
+    from lmctl.data.tokens import block_features
 
     encoder = TextEncoder(tokenizer, special_tokens_mask=special_tokens_mask)
     features = block_features(block_size, special_tokens_mask)

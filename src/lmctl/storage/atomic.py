@@ -1,0 +1,155 @@
+"""Directories and files that appear complete or not at all: written under a hidden staging
+name, flushed to disk, then renamed into place."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+STAGING_PREFIX = ".tmp-"
+TEST_PAUSE_ENV = "LMCTL_TEST_PAUSE_IN_SAVE"
+
+
+@contextmanager
+def atomic_dir(
+    final: Path, owner: str | None = None, manifest: str | None = None
+) -> Iterator[Path]:
+    """Write a directory under a temporary name in the same folder, then rename it into place.
+
+    Readers (resume, eval, another process) see either no directory or a complete one; a crash
+    midway leaves only a hidden ``.tmp-*`` folder that :func:`checkpoints` ignores and
+    :func:`discard_staging` removes. ``owner`` names the staging folder (default: this
+    process id); processes that write one directory together must agree on it. With
+    ``manifest``, a file of that name listing every file and its size is written last.
+    """
+    staging = begin_staging(final, owner)
+    try:
+        yield staging
+        commit_dir(staging, final, manifest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def staging_dir(final: Path, owner: str | None = None) -> Path:
+    """The hidden temporary name under which ``final`` is written before it is committed."""
+    tag = owner if owner is not None else str(os.getpid())
+    return final.parent / f"{STAGING_PREFIX}{final.name}-{tag}"
+
+
+def begin_staging(final: Path, owner: str | None = None) -> Path:
+    """An empty staging folder for ``final`` (a leftover from a crashed writer is cleared)."""
+    staging = staging_dir(final, owner)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def commit_dir(staging: Path, final: Path, manifest: str | None = None) -> None:
+    """Flush ``staging`` to disk and rename it to ``final`` (replacing an older copy).
+
+    With ``manifest``, a list of the files and their sizes is written last under that name,
+    so that a later truncation or partial copy is detected by :func:`manifest_problem`.
+    """
+    _test_pause(final)
+    if manifest is not None:
+        files = {
+            str(file.relative_to(staging)): file.stat().st_size
+            for file in sorted(staging.rglob("*"))
+            if file.is_file()
+        }
+        (staging / manifest).write_text(json.dumps({"files": files}, indent=1) + "\n")
+    _fsync_tree(staging)
+    if final.exists():
+        remove_dir(final)
+    os.replace(staging, final)
+    _fsync_dir(final.parent)
+
+
+def manifest_problem(path: Path, manifest: str) -> str | None:
+    """Why the files of ``path`` do not match its manifest, or None when they do (or when it
+    has no manifest)."""
+    listing = path / manifest
+    if not listing.is_file():
+        return None
+    try:
+        files = json.loads(listing.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{manifest} is unreadable"
+    for name, size in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes instead of {size}"
+    return None
+
+
+def _test_pause(final: Path) -> None:
+    """Test hook: ``LMCTL_TEST_PAUSE_IN_SAVE=SECONDS`` (every save) or ``NAME:SECONDS`` (only
+    the directory called NAME) sleeps after the content is written and before the rename, so
+    that a test can kill the process in the middle of a save."""
+    value = os.environ.get(TEST_PAUSE_ENV, "").strip()
+    if not value:
+        return
+    name, _, seconds = value.rpartition(":")
+    if name and name != final.name:
+        return
+    sys.stderr.write(f"{TEST_PAUSE_ENV}: pausing {seconds}s before committing {final.name}\n")
+    sys.stderr.flush()
+    time.sleep(float(seconds))
+
+
+def remove_dir(path: Path) -> None:
+    """Delete a directory so that it disappears at once: rename it away, then remove it."""
+    doomed = staging_dir(path, "deleted")
+    if doomed.exists():
+        shutil.rmtree(doomed)
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    for file in root.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(root)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def discard_staging(path: Path) -> list[Path]:
+    """Remove half-written directories left in ``path`` by a save that was killed."""
+    if not path.is_dir():
+        return []
+    found = sorted(
+        child
+        for child in path.iterdir()
+        if child.is_dir() and child.name.startswith(STAGING_PREFIX)
+    )
+    for child in found:
+        shutil.rmtree(child, ignore_errors=True)
+    return found
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,151 @@
+"""The package's layers import downward only, and no module imports itself through others.
+
+Every import counts: top-level ones, those inside functions and those under ``TYPE_CHECKING``,
+since each of them ties the two modules together for a reader and for a refactoring.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "lmctl"
+
+#: Highest first. A module may import modules of its own layer or of a lower one.
+LAYERS: list[tuple[str, ...]] = [
+    ("lmctl.__main__",),
+    ("lmctl.cli",),
+    ("lmctl.engine", "lmctl.evaluation", "lmctl.publish", "lmctl.pipeline"),
+    ("lmctl.objectives", "lmctl.run"),
+    ("lmctl.data", "lmctl.models"),
+    ("lmctl.config",),
+    ("lmctl.storage",),
+    (
+        "lmctl.errors",
+        "lmctl.console",
+        "lmctl.metrics",
+        "lmctl.distributed",
+        "lmctl.resources",
+        "lmctl",
+    ),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(path: Path, known: set[str]) -> set[str]:
+    """The lmctl modules that ``path`` imports anywhere in its body."""
+    found: set[str] = set()
+    package = module_name(path) if path.name == "__init__.py" else module_name(path.parent)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if candidate in known else base)
+    return {name for name in found if name in known}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports_of(path, known) - {name} for name, path in mods.items()}
+
+
+def layer_of(module: str) -> int:
+    best: tuple[int, int] | None = None  # (prefix length, layer index): the longest prefix wins
+    for index, members in enumerate(LAYERS):
+        for prefix in members:
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > best[0]
+            ):
+                best = (len(prefix), index)
+    if best is None:
+        raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in {__file__}")
+    return best[1]
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as a chain ``a -> b -> ... -> a``, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(edges.get(node, ())):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{source} (layer {layer_of(source)}) -> {target} (layer {layer_of(target)})"
+        for source, targets in sorted(edges.items())
+        for target in sorted(targets)
+        if layer_of(target) < layer_of(source)
+    ]
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in modules():
+        layer_of(module)
+
+
+def test_no_import_circle() -> None:
+    cycle = find_cycle(graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_layers_import_downward_only() -> None:
+    climbing = upward_imports(graph())
+    assert not climbing, "imports that climb the layers:\n  " + "\n  ".join(climbing)
+
+
+def test_every_package_says_what_lives_there() -> None:
+    for folder in sorted(p for p in PACKAGE.iterdir() if p.is_dir() and any(p.glob("*.py"))):
+        assert (folder / "__init__.py").is_file(), f"{folder.name}/ has no __init__.py"
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc, f"{init.relative_to(PACKAGE.parent)} has no docstring"
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"lmctl.storage.paths": {"lmctl.config.base"}}, "upward"),
+        ({"lmctl.errors": {"lmctl.console"}, "lmctl.console": {"lmctl.errors"}}, "circle"),
+    ],
+)
+def test_the_checks_catch_a_bad_import(extra: dict[str, set[str]], expected: str) -> None:
+    edges = graph()
+    for source, targets in extra.items():
+        edges[source] = edges.get(source, set()) | targets
+    if expected == "upward":
+        assert any("lmctl.storage.paths" in line for line in upward_imports(edges))
+    else:
+        assert find_cycle(edges) is not None
