@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from lmctl.config.base import TrainConfig
 from lmctl.config.fields import flag_name
-from lmctl.errors import ConfigError, Interrupted
+from lmctl.errors import ConfigError, Interrupted, ModelError
 from lmctl.metrics import perplexity
 from lmctl.models.build import looks_like_path
 from lmctl.objectives import OBJECTIVES, get_objective
@@ -144,6 +144,7 @@ def resolve_target(path: str, task: str | None) -> Target:
         objective = _saved_objective(saved, parent / rundir.CONFIG_FILE, task)
         return Target("checkpoint", path, str(local), objective, saved, local)
     if (local / MODEL_CONFIG).is_file():
+        _check_model_files(local)
         return Target("model", path, str(local), _model_objective(str(local), task, local))
     raise ConfigError(
         f"{path} is neither a run directory ({rundir.CONFIG_FILE}), a checkpoint nor a model "
@@ -171,6 +172,7 @@ def _saved_objective(saved: dict[str, Any], where: Path, task: str | None) -> Ob
 def _run_weights(run_dir: Path) -> Path:
     """The run's final model, or its newest complete checkpoint when it has none yet."""
     if (run_dir / MODEL_CONFIG).is_file():
+        _check_model_files(run_dir)
         return run_dir
     checkpoint = rundir.latest_checkpoint(run_dir)
     if checkpoint is None:
@@ -179,6 +181,17 @@ def _run_weights(run_dir: Path) -> Path:
             f"finish it first: {resume_command(run_dir)}",
         )
     return checkpoint
+
+
+def _check_model_files(folder: Path) -> None:
+    """Refuse a final model whose files do not match the manifest of its save."""
+    problem = rundir.model_problem(folder)
+    if problem is not None:
+        raise ModelError(
+            f"{folder}: the model is incomplete or corrupted ({problem})",
+            "train it again, or evaluate one of its checkpoints (lmctl eval "
+            f"{folder}/checkpoint-N)",
+        )
 
 
 def _model_objective(name: str, task: str | None, local: Path | None) -> Objective:

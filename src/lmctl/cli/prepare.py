@@ -72,7 +72,7 @@ def run_prepare(
         command="prepare",
     )
     if dry_run:
-        resolved = {"objective": name, **dump_config(config)}
+        resolved = {"objective": name, **dump_config(config, masked=True)}
         if not console.options.json:
             import yaml
 

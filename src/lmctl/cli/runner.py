@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from lmctl import secrets
 from lmctl.console import Console, OutputOptions
 from lmctl.distributed import is_main_process
 from lmctl.errors import ExitCode, LmctlError
@@ -28,6 +29,7 @@ def run_command(
     if not is_main_process():
         output = replace(output, quiet=True, json=False)
     console = Console(output)
+    secrets.register_environment()
     console.capture_warnings()
     sigterm_as_interrupt()
     code = ExitCode.OK

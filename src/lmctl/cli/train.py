@@ -141,7 +141,7 @@ def run_train(
     console: Console,
 ) -> dict[str, Any]:
     from lmctl.config.loader import build_config, dump_config, read_config_file, with_output_dir
-    from lmctl.run.rundir import check_output_dir
+    from lmctl.run.rundir import check_output_dir, run_dir_of_config
 
     objective = get_objective(name)
     file_keys = set(read_config_file(config_file)) if config_file else set()
@@ -160,9 +160,14 @@ def run_train(
         defaults=defaults,
         objective=name,
     )
+    owner = run_dir_of_config(config_file) if config_file else None
+    if owner is not None and "output_dir" not in cli_values:
+        # A run's own config targets that run, wherever it was first written for (a copy's
+        # lmctl.yaml names the original's directory).
+        config = config.model_copy(update={"output_dir": str(owner)})
     config = with_output_dir(config)
     if dry_run:
-        resolved = {"objective": name, **dump_config(config)}
+        resolved = {"objective": name, **dump_config(config, masked=True)}
         if not console.options.json:
             import yaml
 

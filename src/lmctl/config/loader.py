@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from lmctl import secrets
 from lmctl.config.base import ConfigProblems, StrictModel, TrainConfig
 from lmctl.config.fields import field_extra, flag_name
 from lmctl.config.upstream import translate_upstream
@@ -114,6 +115,7 @@ def build_config(
     merged = {**(defaults or {}), **file_values, **cli_values}
     for key in cli_values:
         sources[key] = flag_name(key)
+    secrets.register_in(merged)
     try:
         return model.model_validate(merged, context={"command": command})
     except ValidationError as exc:
@@ -146,7 +148,8 @@ def _config_error(exc: ValidationError, sources: dict[str, str]) -> ConfigError:
         field = str(error["loc"][0]) if error["loc"] else ""
         where = sources.get(field, flag_name(field) if field else "config")
         value = error.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        secret = any(secrets.is_secret_key(str(part)) for part in error["loc"])
+        shown = "" if isinstance(value, dict) or secret else f" (got {value!r})"
         messages.append(f"{where}: {error['msg']}{shown}")
         hints.append(f"fix {where}; see --help for accepted values")
     if len(messages) == 1:
@@ -155,13 +158,15 @@ def _config_error(exc: ValidationError, sources: dict[str, str]) -> ConfigError:
     return ConfigError(f"{len(messages)} problems: {listing}", "; ".join(dict.fromkeys(hints)))
 
 
-def dump_config(config: StrictModel) -> dict[str, Any]:
-    """The resolved config as plain data, secrets excluded."""
+def dump_config(config: StrictModel, *, masked: bool = False) -> dict[str, Any]:
+    """The resolved config as plain data, secrets excluded at every depth (``masked``: shown
+    as ``***``, for printing); see :mod:`lmctl.secrets` for what counts as one."""
     data = config.model_dump(mode="json")
     for name, info in type(config).model_fields.items():
         if field_extra(info).get("secret"):
             data.pop(name, None)
-    return data
+    result: dict[str, Any] = secrets.redact(data, drop=not masked)
+    return result
 
 
 def with_output_dir(config: TrainConfig) -> TrainConfig:

@@ -46,9 +46,15 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
     # Data, tokenizer and model first: a run that fails to start leaves no directory behind.
     prepared = prepare(config, objective, run_dir, console)
     if main:
-        rundir.prepare_output_dir(config)
+        others = rundir.prepare_output_dir(config)
+        if others:
+            console.info(
+                f"--overwrite-output-dir: removed the earlier run's files; kept {len(others)} "
+                f"entries lmctl did not write: {', '.join(others)}"
+            )
         rundir.write_config(run_dir, config)
     console.info(f"run directory: {run_dir}")
+    trackers_existed = (run_dir / "runs").exists()
     engine = import_module(ENGINES[config.engine])
     with graceful_stop() as stop:
         try:
@@ -63,6 +69,9 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
                 f"training stopped: {exc}; {kept}",
                 "lower --learning-rate, add --warmup-steps or --max-grad-norm, or check the data",
             ) from exc
+        finally:
+            if main:
+                rundir.record_trackers(run_dir, trackers_existed)
     if result.interrupted_at is not None:
         if result.checkpoint is not None:
             raise Interrupted(
@@ -73,8 +82,7 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         raise Interrupted(
             f"interrupted by {stop.signal_name} at step {result.interrupted_at}; "
             f"no checkpoint was saved in {run_dir}",
-            f"start again with: lmctl train {config.objective} --config "
-            f"{run_dir / rundir.CONFIG_FILE} --overwrite-output-dir",
+            f"start again with: {rundir.restart_command(config.objective, run_dir)}",
         )
     if not main:
         return {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": {}}

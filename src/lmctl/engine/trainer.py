@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmctl import secrets
 from lmctl.engine.common import EngineResult, NonFiniteLoss, StepReporter, resolve_resume
 from lmctl.errors import ConfigError
 from lmctl.run.signals import StopRequest
@@ -74,6 +75,22 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         ) from exc
     except ValueError as exc:
         raise ConfigError(f"invalid training settings: {exc}", "adjust the flags named") from exc
+
+
+def public_arguments(args: Any) -> Any:
+    """A copy of TrainingArguments with every secret (``hub_token``, and secret keys inside
+    its mappings; see :mod:`lmctl.secrets`) cleared, for pickling into the run directory."""
+    import copy
+    import dataclasses
+
+    clean = copy.copy(args)
+    for item in dataclasses.fields(args):
+        value = getattr(args, item.name, None)
+        if secrets.is_secret_key(item.name) and value is not None:
+            object.__setattr__(clean, item.name, None)
+        elif isinstance(value, dict):
+            object.__setattr__(clean, item.name, secrets.redact(value, drop=True))
+    return clean
 
 
 def _has_accelerator() -> bool:
@@ -156,7 +173,7 @@ def _make_trainer_class() -> type:
                         stateful[name] = cb.state()
                 if self.stream_position is not None:
                     self.stream_position.write(staging)
-                self.state.save_to_json(str(staging / rundir.STATE_FILE))
+                rundir.write_state(self.state, staging)
                 rundir.commit_dir(staging, final)
             self.accelerator.wait_for_everyone()
             if self.args.push_to_hub:
@@ -168,6 +185,15 @@ def _make_trainer_class() -> type:
                     self.save_total_limit,
                     protect=[Path(best_checkpoint)] if best_checkpoint else [],
                 )
+
+        def _save(self, output_dir: str | None = None, state_dict: Any = None) -> None:
+            """The Trainer's save, with ``training_args.bin`` written without secrets."""
+            super()._save(output_dir, state_dict)
+            if self.args.should_save:
+                from transformers.trainer import TRAINING_ARGS_NAME
+
+                folder = Path(str(output_dir if output_dir is not None else self.args.output_dir))
+                torch.save(public_arguments(self.args), folder / TRAINING_ARGS_NAME)
 
         def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
             loss = super().training_step(model, inputs, num_items_in_batch)
@@ -339,15 +365,32 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
         else:
             result.train_metrics = dict(output.metrics)
             result.train_metrics["train_samples"] = _train_samples(prepared, args, trainer)
-        trainer.save_model()
-        trainer.save_state()
+        _save_final_model(trainer, prepared.run_dir)
     if config.do_eval:
         result.eval_metrics = trainer.evaluate()
         result.eval_metrics["eval_samples"] = trainer.eval_samples
-        if not config.do_train:
-            prepared.tokenizer.save_pretrained(prepared.run_dir)
+        if not config.do_train and trainer.is_world_process_zero():
+            rundir.save_tokenizer(prepared.tokenizer, prepared.run_dir)
     result.global_step = trainer.state.global_step
     return result
+
+
+def _save_final_model(trainer: Any, run_dir: Path) -> None:
+    """The final model, staged and moved into the run directory with its manifest last (every
+    process takes part in the save, as sharded models need), then the trainer state."""
+    from lmctl.run import rundir
+
+    staging = rundir.model_staging(run_dir, owner="trainer")
+    if trainer.args.should_save:
+        rundir.begin_model(run_dir, owner="trainer")
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(staging))
+    trainer.accelerator.wait_for_everyone()
+    if trainer.args.should_save:
+        rundir.commit_model(staging, run_dir)
+    if trainer.is_world_process_zero():
+        rundir.write_state(trainer.state, run_dir)
+    trainer.accelerator.wait_for_everyone()
 
 
 def _step_of(checkpoint: str) -> int:

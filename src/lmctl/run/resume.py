@@ -57,7 +57,7 @@ class ResumePlan:
             "run_dir": str(self.run_dir),
             "checkpoint": str(self.checkpoint),
             "step": self.step,
-            "config": {"objective": self.objective.name, **dump_config(self.config)},
+            "config": {"objective": self.objective.name, **dump_config(self.config, masked=True)},
         }
 
 
@@ -121,7 +121,7 @@ def check_run_dir(run_dir: Path) -> None:
 def find_checkpoint(run_dir: Path, console: Console) -> Path:
     """The newest complete checkpoint; leftovers of killed saves are removed with a warning."""
     for leftover in atomic.discard_staging(run_dir):
-        console.warn(f"removed {leftover.name}: a checkpoint save that did not finish")
+        console.warn(f"removed {leftover.name}: a save that did not finish")
     skipped: list[tuple[Path, str]] = []
     checkpoint = rundir.latest_checkpoint(run_dir, skipped)
     for path, problem in skipped:
@@ -132,8 +132,7 @@ def find_checkpoint(run_dir: Path, console: Console) -> Path:
         raise ConfigError(
             f"{run_dir} has no complete checkpoint to resume from{found}",
             "the run stopped before its first checkpoint (--save-steps); start it again with "
-            f"lmctl train {objective} --config {run_dir / rundir.CONFIG_FILE} "
-            "--overwrite-output-dir",
+            + rundir.restart_command(objective, run_dir),
         )
     return checkpoint
 
