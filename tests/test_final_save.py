@@ -18,6 +18,8 @@ from tests.conftest import TINY_GPT2, assert_clean_failure, lmctl
 
 pytestmark = pytest.mark.e2e
 
+MODEL_MANIFEST = "lmctl_model.json"
+
 
 def train_args(out: Path, text_files: tuple[Path, Path], tokenizer: Path, *extra: str) -> list[str]:
     train, valid = text_files
@@ -70,7 +72,7 @@ def test_kill_during_the_final_save_leaves_no_model_that_looks_complete(
         pytest.fail("the final save never paused:\n" + "".join(seen))
     proc.kill()
     proc.wait(timeout=60)
-    assert not (out / "model.safetensors").exists() and not (out / rundir.MODEL_MANIFEST).exists()
+    assert not (out / "model.safetensors").exists() and not (out / MODEL_MANIFEST).exists()
     assert any(p.name.startswith(".tmp-model-") for p in out.iterdir())
 
     pushed = lmctl("push", out, "--to", (tmp_path / "dest").as_uri())
@@ -83,7 +85,7 @@ def test_kill_during_the_final_save_leaves_no_model_that_looks_complete(
     resumed = lmctl("resume", out)
     assert resumed.returncode == 0, resumed.stderr
     assert not any(p.name.startswith(".tmp-") for p in out.iterdir())
-    assert rundir.model_problem(out) is None and (out / rundir.MODEL_MANIFEST).is_file()
+    assert rundir.model_problem(out) is None and (out / MODEL_MANIFEST).is_file()
 
 
 def test_a_truncated_or_unlisted_final_model_is_refused(
@@ -96,7 +98,7 @@ def test_a_truncated_or_unlisted_final_model_is_refused(
         )
     )
     assert proc.returncode == 0, proc.stderr
-    listed = json.loads((out / rundir.MODEL_MANIFEST).read_text())["files"]
+    listed = json.loads((out / MODEL_MANIFEST).read_text())["files"]
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(listed)
     weights = out / "model.safetensors"
     size = weights.stat().st_size
@@ -111,6 +113,6 @@ def test_a_truncated_or_unlisted_final_model_is_refused(
     assert not (tmp_path / "dest").exists()
 
     weights.write_bytes(b"")
-    (out / rundir.MODEL_MANIFEST).unlink()
+    (out / MODEL_MANIFEST).unlink()
     evaluated = lmctl("eval", out)
-    assert_clean_failure(evaluated, 5, rundir.MODEL_MANIFEST)
+    assert_clean_failure(evaluated, 5, MODEL_MANIFEST)

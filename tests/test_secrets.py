@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from lmctl import secrets
 from tests.conftest import TINY_GPT2, assert_clean_failure, lmctl
 
 SECRETS = {
@@ -97,6 +96,8 @@ def test_no_secret_in_the_run_directory_or_output(
     assert scan_tree(Path(os.environ["LMCTL_CACHE"])) == {}
     for proc in procs:
         assert scan_output(proc) == []
+    from lmctl import secrets
+
     config = (out / "lmctl.yaml").read_text()
     assert "hub_token" not in config.split("\n", 3)[-1]
     assert "# secrets not written: training_args.hub_token" in config
@@ -209,4 +210,6 @@ def test_push_withholds_a_pickle_holding_a_secret(tmp_path: Path) -> None:
     ],
 )
 def test_which_keys_are_secrets(name: str, secret: bool) -> None:
+    from lmctl import secrets
+
     assert secrets.is_secret_key(name) is secret
