@@ -98,8 +98,6 @@ def test_a_truncated_or_unlisted_final_model_is_refused(
         )
     )
     assert proc.returncode == 0, proc.stderr
-    listed = json.loads((out / MODEL_MANIFEST).read_text())["files"]
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(listed)
     weights = out / "model.safetensors"
     size = weights.stat().st_size
     with open(weights, "r+b") as handle:
@@ -111,6 +109,8 @@ def test_a_truncated_or_unlisted_final_model_is_refused(
     pushed = lmctl("push", out, "--to", (tmp_path / "dest").as_uri())
     assert_clean_failure(pushed, 5, "model.safetensors")
     assert not (tmp_path / "dest").exists()
+    listed = json.loads((out / MODEL_MANIFEST).read_text())["files"]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(listed)
 
     weights.write_bytes(b"")
     (out / MODEL_MANIFEST).unlink()
