@@ -192,6 +192,13 @@ def test_push_withholds_a_pickle_holding_a_secret(tmp_path: Path) -> None:
     assert (dest / "config.json").is_file() and not (dest / "training_args.bin").exists()
     assert scan_tree(dest) == {} and scan_output(proc) == []
 
+    # Only a secret-named key with a value counts, not a value that merely names one.
+    from lmctl import secrets
+
+    clean = TrainingArguments(output_dir=str(tmp_path / "my-secret-token-dir"))
+    torch.save(clean, model / "training_args.bin")
+    assert secrets.pickled_secret(model / "training_args.bin") is None
+
 
 @pytest.mark.parametrize(
     ("name", "secret"),

@@ -15,8 +15,9 @@ console masks registered values in every line it prints, error messages included
 
 from __future__ import annotations
 
+import io
 import os
-import pickletools
+import pickle
 import re
 import zipfile
 from collections.abc import Iterator
@@ -123,28 +124,84 @@ def mask_text(text: str) -> str:
 def pickled_secret(path: Path) -> str | None:
     """The name of a secret set in a pickle (``torch.save`` zip or plain), or None.
 
-    Read statically with :mod:`pickletools`: nothing in the file is executed. A secret-named
-    string followed by a non-empty string value counts.
+    Read with an unpickler that builds inert stand-ins for every class and function it names,
+    so nothing in the file runs; a secret-named key with a non-empty string value counts.
     """
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as archive:
-                members = [name for name in archive.namelist() if name.endswith(".pkl")]
-                blobs = [archive.read(name) for name in members]
+                blobs = [archive.read(name) for name in archive.namelist() if name.endswith(".pkl")]
         else:
             blobs = [path.read_bytes()]
     except (OSError, zipfile.BadZipFile):
         return None
     for blob in blobs:
-        previous: Any = None
         try:
-            for opcode, arg, _ in pickletools.genops(blob):
-                if isinstance(arg, str) and ("UNICODE" in opcode.name or "STRING" in opcode.name):
-                    if isinstance(previous, str) and is_secret_key(previous) and arg:
-                        return previous
-                    previous = arg
-                elif opcode.name not in ("MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT"):
-                    previous = None
+            data = _InertUnpickler(io.BytesIO(blob)).load()
         except Exception:
             continue
+        found = _find_secret(data, set())
+        if found is not None:
+            return found
+    return None
+
+
+class _Inert:
+    """Stands in for any pickled class or function: records what it is given."""
+
+    parts: list[Any]
+    items: dict[Any, Any]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> _Inert:
+        inert = super().__new__(cls)
+        inert.parts = [args, kwargs]
+        inert.items = {}
+        return inert
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _Inert:
+        return _Inert(*args, **kwargs)
+
+    def __setstate__(self, state: Any) -> None:
+        self.parts.append(state)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.items[key] = value
+
+    def append(self, value: Any) -> None:
+        self.parts.append(value)
+
+    def extend(self, values: Any) -> None:
+        self.parts.extend(values)
+
+
+class _InertUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        return _Inert
+
+    def persistent_load(self, pid: Any) -> Any:
+        return None
+
+
+def _find_secret(data: Any, seen: set[int]) -> str | None:
+    if id(data) in seen:
+        return None
+    seen.add(id(data))
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if is_secret_key(str(key)) and isinstance(value, str) and value:
+                return str(key)
+        children: list[Any] = list(data.values())
+    elif isinstance(data, (list, tuple, set, frozenset)):
+        children = list(data)
+    elif isinstance(data, _Inert):
+        children = [*data.parts, data.items]
+    else:
+        return None
+    for child in children:
+        found = _find_secret(child, seen)
+        if found is not None:
+            return found
     return None
