@@ -13,7 +13,7 @@ from lmctl.cli.help import CommandDoc, add_command, add_group
 from lmctl.cli.options import PANEL_OUTPUT, JsonOpt, NoProgressOpt, QuietOpt
 from lmctl.cli.params import with_signature
 from lmctl.cli.runner import run_command
-from lmctl.cli.train import objective_command, resolve_train_config
+from lmctl.cli.train import SOURCE_KEYS, objective_command, resolve_train_config
 from lmctl.console import Console, OutputOptions
 from lmctl.errors import ConfigError
 from lmctl.objectives import OBJECTIVES, get_objective
@@ -120,7 +120,12 @@ def run_validate(file: str, task: str | None, console: Console) -> dict[str, Any
             f"{file}: {shown}; can't tell which objective it configures",
             "give --task clm|mlm|plm|swag, or add 'objective: clm' to the file",
         )
-    problems = config_file_problems(get_objective(objective).config_class, file, objective)
+    spec = get_objective(objective)
+    embedded = spec.embedded_default()
+    defaults = None
+    if embedded and not set(SOURCE_KEYS) & set(read_config_file(file)):
+        defaults = embedded  # what train runs with when the file names no model and no data
+    problems = config_file_problems(spec.config_class, file, objective, defaults)
     if not problems:
         if not console.options.json:
             sys.stdout.write(f"{file}: a valid 'lmctl train {objective}' config\n")

@@ -169,11 +169,15 @@ def _error_items(exc: ValidationError, sources: dict[str, str]) -> list[tuple[st
 
 
 def config_file_problems(
-    model: type[StrictModel], path: str, objective: str | None = None
+    model: type[StrictModel],
+    path: str,
+    objective: str | None = None,
+    defaults: dict[str, Any] | None = None,
 ) -> list[tuple[str, str]]:
     """Every problem of a config file at once, each with its hint: unknown keys (with the
     closest known key), invalid values, and the cross-field rules, which are checked on the
-    values that are valid. Unreadable files and syntax errors raise ConfigError."""
+    values that are valid (over ``defaults``). Unreadable files and syntax errors raise
+    ConfigError."""
     raw = read_config_file(path)
     file_objective = raw.pop("objective", None)
     problems: list[tuple[str, str]] = []
@@ -191,6 +195,7 @@ def config_file_problems(
     if passthrough and "training_args" in known:
         fields["training_args"] = {**passthrough, **fields.get("training_args", {})}
     sources = {key: f"'{key}' in {path}" for key in fields}
+    fields = {**(defaults or {}), **fields}
     try:
         model.model_validate(fields, context={"command": "train"})
         return problems
