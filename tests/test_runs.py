@@ -106,6 +106,20 @@ def test_runs_lists_a_finished_and_an_interrupted_run(
     assert cut["resume_command"] == f"lmctl resume {interrupted}"
     assert done["resume_command"] is None
 
+    # eval and resume keep the metrics log and loss.png current.
+    before = plot.stat().st_mtime_ns
+    evaluated = lmctl("eval", finished, cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr
+    last = json.loads((finished / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (last["event"], last["step"]) == ("eval", 6)
+    assert plot.stat().st_mtime_ns > before
+    resumed = lmctl("resume", interrupted, "--max-steps", str(step + 2), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert (interrupted / "loss.png").is_file()
+    after = json.loads(lmctl("runs", runs, "--json", cwd=tmp_path).stdout)
+    cut = {Path(run["path"]).name: run for run in after["runs"]}["cut"]
+    assert (cut["status"], cut["step"], cut["resume_command"]) == ("finished", step + 2, None)
+
 
 def test_runs_of_a_missing_folder_is_a_usage_error(tmp_path: Path) -> None:
     proc = lmctl("runs", tmp_path / "nowhere", cwd=tmp_path)

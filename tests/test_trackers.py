@@ -90,7 +90,7 @@ def test_mlflow_file_store(
         bpe_tokenizer,
         text_files,
         out,
-        {"MLFLOW_TRACKING_URI": uri, "MLFLOW_ALLOW_FILE_STORE": "true"},
+        env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_ALLOW_FILE_STORE": "true"},
     )
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("lmctl")
