@@ -80,6 +80,10 @@ def test_terminal_width_is_honoured(columns: int) -> None:
     )
     lines = proc.stdout.splitlines()
     assert max(len(line) for line in lines) == columns
+    # Wider terminals give the room to the help text, not to the flag column.
+    train = next(doc for doc in DOCS if doc.name == "lmctl train clm")
+    width = help_column_width(train, proc.stdout, "Pretrained model", "--model-name-or-path")
+    assert width >= columns - 42
     assert "…" not in proc.stdout
     # Angle brackets are text, not markup; continued example lines keep their breaks.
     assert "runs/<objective>-<date>-<time>" in re.sub(r"\s*│\s*", " ", proc.stdout)

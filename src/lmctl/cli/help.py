@@ -25,6 +25,8 @@ from lmctl.config.fields import PANEL_ORDER, PANEL_OUTPUT
 
 #: Help text column kept at 80 columns and more.
 MIN_HELP_WIDTH = 40
+#: The flag column never grows past this; wider terminals give the room to the help text.
+MAX_NAME_WIDTH = 36
 #: Columns taken by a panel's borders and the gap between the two columns.
 _PANEL_CHROME = 4 + 2
 PANEL_ARGUMENTS = "Arguments"
@@ -356,9 +358,10 @@ def _help_line(option: OptionDoc, name_width: int) -> str:
 
 def name_column_width(doc: CommandDoc, width: int) -> int:
     """Wide enough for every flag name, narrow enough to leave the help its minimum."""
-    cap = max(width - _PANEL_CHROME - MIN_HELP_WIDTH, 0)
+    cap = max(min(width - _PANEL_CHROME - MIN_HELP_WIDTH, MAX_NAME_WIDTH), 0)
     longest_name = max((len(n) + 2 for o in doc.options for n in o.names), default=0)
-    natural = max((len(line) for o in doc.options for line in _name_lines(o, 10**6)), default=0)
+    # Measured with long choice lists moved to the help text (see _shown_metavar).
+    natural = max((len(line) for o in doc.options for line in _name_lines(o, cap)), default=0)
     return max(min(natural, cap), min(longest_name, width - _PANEL_CHROME - 10))
 
 
