@@ -57,6 +57,27 @@ def format_duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
+SPARK_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 32) -> str:
+    """``values`` as a line of block characters, averaged into at most ``width`` buckets."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return ""
+    if len(finite) > width:
+        size = len(finite) / width
+        finite = [
+            sum(chunk) / len(chunk)
+            for i in range(width)
+            if (chunk := finite[int(i * size) : max(int((i + 1) * size), int(i * size) + 1)])
+        ]
+    low, high = min(finite), max(finite)
+    span = (high - low) or 1.0
+    top = len(SPARK_BARS) - 1
+    return "".join(SPARK_BARS[round((v - low) / span * top)] for v in finite)
+
+
 class Console:
     def __init__(self, options: OutputOptions | None = None) -> None:
         self.options = options or OutputOptions()

@@ -31,6 +31,7 @@ from lmctl.metrics import perplexity
 from lmctl.models.build import looks_like_path
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import rundir
+from lmctl.run.plots import write_loss_plot
 from lmctl.run.resume import resume_command
 from lmctl.storage.paths import is_remote, local_path
 
@@ -419,6 +420,27 @@ def save(target: Target, destination: Path, metrics: dict[str, Any]) -> None:
         rundir.write_json(destination, metrics)
 
 
+def record_in_run(target: Target, metrics: dict[str, Any], console: Console) -> None:
+    """An evaluation of a run's weights on its own data joins the run's metrics log, and its
+    loss.png is redrawn with it."""
+    weights = Path(target.weights)
+    if target.kind == "model" or not weights.is_dir():
+        return
+    is_checkpoint = rundir.CHECKPOINT_PATTERN.match(weights.name) is not None
+    run_dir = weights.parent if is_checkpoint else weights
+    if not (run_dir / rundir.CONFIG_FILE).is_file():
+        return
+    if is_checkpoint:
+        step = rundir.checkpoint_step(weights)
+    else:
+        try:
+            step = int(json.loads((run_dir / rundir.STATE_FILE).read_text())["global_step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+    rundir.append_metrics(run_dir, {"event": "eval", "step": step, **metrics})
+    write_loss_plot(run_dir, console)
+
+
 # The command -------------------------------------------------------------------------------------
 
 
@@ -459,6 +481,8 @@ def run_evaluation(
     if destination is not None:
         save(target, destination, metrics)
         console.info(f"results written to {destination}")
+    if not any(key in options for key in SOURCE_FIELDS):
+        record_in_run(target, metrics, console)
     return {
         "path": path,
         "kind": target.kind,

@@ -35,7 +35,8 @@ object stores use their provider's environment variables and config files (e.g.
 
 Push a run to the Hub, privately, on a branch:
 
-    lmctl push runs/clm-20260101-120000 --to hf://my-user/tiny-gpt2 --private --revision v1
+    lmctl push runs/clm-20260101-120000 --to hf://my-user/tiny-gpt2 \\
+        --private --revision v1
 
 Publish to S3 (see what would be uploaded first):
 

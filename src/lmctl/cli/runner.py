@@ -40,7 +40,7 @@ def run_command(
         console.stop_progress()
         code = exc.exit_code
         console.error(exc.message, exc.hint)
-        payload = {"error": exc.message, "hint": exc.hint}
+        payload = {"error": exc.message, "hint": exc.hint, **exc.details}
         _maybe_traceback()
     except KeyboardInterrupt:
         console.stop_progress()

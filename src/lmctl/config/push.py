@@ -8,10 +8,8 @@ from pydantic import SecretStr, model_validator
 
 from lmctl import secrets
 from lmctl.config.base import Problems, StrictModel
-from lmctl.config.fields import PANEL_PUBLISH, option
+from lmctl.config.fields import PANEL_HUB, PANEL_PUBLISH, option
 from lmctl.errors import ConfigError
-
-PANEL_HUB = "Hub (hf://)"
 
 
 class PushConfig(StrictModel):

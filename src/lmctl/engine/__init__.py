@@ -18,6 +18,7 @@ from lmctl.engine.common import NonFiniteLoss
 from lmctl.errors import Interrupted, TrainingFailed
 from lmctl.metrics import perplexity
 from lmctl.run import rundir
+from lmctl.run.plots import write_loss_plot
 from lmctl.run.resume import resume_command
 from lmctl.run.signals import graceful_stop
 
@@ -61,6 +62,9 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
             result = engine.run(prepared, console, stop)
         except NonFiniteLoss as exc:
             console.stop_progress()
+            if main:
+                rundir.append_metrics(run_dir, {"event": "failed", "step": exc.step})
+                write_loss_plot(run_dir, console)
             latest = rundir.latest_checkpoint(run_dir)
             kept = (
                 f"the last good checkpoint is {latest}" if latest else "no checkpoint was saved yet"
@@ -73,6 +77,8 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
             if main:
                 rundir.record_trackers(run_dir, trackers_existed)
     if result.interrupted_at is not None:
+        if main:
+            write_loss_plot(run_dir, console)
         if result.checkpoint is not None:
             raise Interrupted(
                 f"interrupted by {stop.signal_name}; checkpoint saved at step "
@@ -102,6 +108,7 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         engine=config.engine,
         resumed=result.resumed_from is not None,
     )
+    write_loss_plot(run_dir, console)
     outcome = {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": results}
     if publication is not None:
         outcome["push"] = publication.push(run_dir)

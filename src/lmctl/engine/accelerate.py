@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed
-from lmctl.engine.common import EngineResult, NonFiniteLoss, StepReporter, resolve_resume
+from lmctl.engine.common import (
+    TRACKING_PROJECT,
+    EngineResult,
+    NonFiniteLoss,
+    StepReporter,
+    resolve_resume,
+)
 from lmctl.engine.optim import Plan, make_optimizer, make_plan, make_scheduler
 from lmctl.errors import ConfigError
 from lmctl.objectives.common import SeededCollator
@@ -36,8 +42,6 @@ if TYPE_CHECKING:
 #: Where a checkpoint's ``trainer_state.json`` records the data position (under
 #: ``stateful_callbacks``); its presence also marks a checkpoint of this engine.
 DATA_POSITION = "AccelerateDataPosition"
-#: Tracker project name (wandb project, mlflow experiment, tensorboard folder under runs/).
-TRACKING_PROJECT = "lmctl"
 
 
 def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult:
@@ -159,6 +163,7 @@ class AccelerateRun:
                 init_kwargs={
                     "wandb": {"name": self.run_dir.name},
                     "mlflow": {"run_name": self.run_dir.name},
+                    "trackio": {"name": self.run_dir.name},
                 },
             )
         set_seed(config.seed)

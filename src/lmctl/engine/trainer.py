@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import secrets
-from lmctl.engine.common import EngineResult, NonFiniteLoss, StepReporter, resolve_resume
+from lmctl.engine.common import (
+    TRACKING_PROJECT,
+    EngineResult,
+    NonFiniteLoss,
+    StepReporter,
+    resolve_resume,
+)
 from lmctl.errors import ConfigError
 from lmctl.run.signals import StopRequest
 
@@ -47,6 +54,8 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         # delete the newest checkpoint at the end of a run with --save-total-limit 1.
         "save_total_limit": None,
         "report_to": config.report_to or "none",
+        "run_name": run_dir.name,
+        "project": TRACKING_PROJECT,
         "do_train": config.do_train,
         "do_eval": config.do_eval,
         "disable_tqdm": True,
@@ -326,8 +335,6 @@ def _callback_class() -> type:
 def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult:
     from transformers import PrinterCallback
 
-    from lmctl.run import rundir
-
     config = prepared.config
     args = training_arguments(config, prepared.run_dir)
     reporter = StepReporter(console, prepared.run_dir, stop, is_main=args.process_index == 0)
@@ -349,6 +356,36 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
         trainer.stream_position = _stream_position_class()()
         trainer.add_callback(trainer.stream_position)
 
+    with _tracker_run(config, prepared.run_dir):
+        return _train_and_evaluate(trainer, prepared, args, console, stop)
+
+
+def _tracker_run(config: TrainConfig, run_dir: Path) -> Any:
+    """One MLflow run around training and the final evaluation: the Trainer's callback would
+    end its run with training and log the final evaluation to a second, unnamed run."""
+    import importlib.util
+    from contextlib import nullcontext
+
+    from lmctl.distributed import is_main_process
+
+    wanted = {"mlflow", "all"} & set(config.report_to)
+    if not wanted or not is_main_process() or importlib.util.find_spec("mlflow") is None:
+        return nullcontext()
+    import mlflow
+
+    # The experiment is named like the accelerate engine's, unless the user chose one (the
+    # callback reads the same variable).
+    os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", TRACKING_PROJECT)
+    mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])
+    return mlflow.start_run(run_name=run_dir.name)
+
+
+def _train_and_evaluate(
+    trainer: Any, prepared: Prepared, args: Any, console: Console, stop: StopRequest
+) -> EngineResult:
+    from lmctl.run import rundir
+
+    config = prepared.config
     result = EngineResult()
     if config.do_train:
         checkpoint = resolve_resume(config, prepared.run_dir, console)

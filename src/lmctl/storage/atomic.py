@@ -191,10 +191,11 @@ def discard_staging(path: Path) -> list[Path]:
     return found
 
 
-def atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, content: str | bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    with open(tmp, "wb") as handle:
+        handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
