@@ -305,8 +305,7 @@ def _hub_failure(exc: Exception, where: str) -> Exception:
             f"{where}: the Hugging Face Hub ({hub.endpoint()}) is unreachable",
             "check the network connection and rerun the same command",
         )
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
+    status = hub.http_status(exc)
     detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else kind
     if status in (401, 403):
         return PermissionDenied(
