@@ -40,6 +40,11 @@ DATA_POSITION = "AccelerateDataPosition"
 TRACKING_PROJECT = "lmctl"
 
 
+def check(config: TrainConfig) -> None:
+    """Refuse, before any work, trackers that Accelerate does not know or cannot load."""
+    trackers(config.report_to)
+
+
 def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult:
     logging.getLogger("accelerate").setLevel(logging.ERROR)
     session = AccelerateRun(prepared, console, stop)

@@ -78,9 +78,11 @@ def load_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: An
     if path.exists():
         if not path.is_dir():
             raise ConfigError(f"{flag} {name}: not a directory", "give a model directory")
+        from safetensors import SafetensorError
+
         try:
             return loader(str(path), **kwargs)
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, SafetensorError) as exc:
             raise ModelError(
                 f"{flag} {name}: cannot load it ({_first_line(exc)})",
                 "give a directory written by save_pretrained (config.json, weights, tokenizer)",
