@@ -385,8 +385,7 @@ def _hub_failure(exc: Exception, where: str) -> Exception:
             f"{where}: the Hugging Face Hub ({hub.endpoint()}) is unreachable",
             "check the network connection and rerun the same command",
         )
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
+    status = hub.http_status(exc)
     detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else kind
     if status in (401, 403):
         return PermissionDenied(
@@ -483,7 +482,7 @@ class StoreTarget:
                 in_place.add(item.rel)
                 continue
             self._make_parent(fs, staged)
-            fs.put_file(str(item.path), staged)
+            locations.upload(fs, item.path, staged, item.size)
             if not locations.object_matches(fs, staged, item.size, digests[item.rel]):
                 raise RemoteUnreachable(
                     f"{self.url}: {item.rel} does not match its size or checksum after upload",
@@ -506,7 +505,10 @@ class StoreTarget:
             final = f"{root}/{item.rel}"
             self._make_parent(fs, final)
             fs.mv(f"{staging}/{item.rel}", final)
-            if not locations.object_matches(fs, final, item.size, digests[item.rel]):
+            # Verified in staging already: a move inside the store is not downloaded again.
+            if not locations.object_matches(
+                fs, final, item.size, digests[item.rel], read_back=False
+            ):
                 raise RemoteUnreachable(
                     f"{self.url}: {item.rel} does not match its checksum after moving it "
                     "into place",

@@ -36,6 +36,8 @@ ENGINES: dict[str, str] = {
 def train(config: TrainConfig, objective: Objective, console: Console) -> dict[str, Any]:
     from lmctl.pipeline import prepare
 
+    engine = import_module(ENGINES[config.engine])
+    engine.check(config)  # trackers and engine packages, before any work
     main = is_main_process()
     publication = None
     if config.push_to is not None and main:
@@ -56,7 +58,6 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         rundir.write_config(run_dir, config)
     console.info(f"run directory: {run_dir}")
     trackers_existed = (run_dir / "runs").exists()
-    engine = import_module(ENGINES[config.engine])
     with graceful_stop() as stop:
         try:
             result = engine.run(prepared, console, stop)

@@ -44,6 +44,11 @@ if TYPE_CHECKING:
 DATA_POSITION = "AccelerateDataPosition"
 
 
+def check(config: TrainConfig) -> None:
+    """Refuse, before any work, trackers that Accelerate does not know or cannot load."""
+    trackers(config.report_to)
+
+
 def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult:
     logging.getLogger("accelerate").setLevel(logging.ERROR)
     session = AccelerateRun(prepared, console, stop)

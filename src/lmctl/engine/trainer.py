@@ -24,6 +24,37 @@ if TYPE_CHECKING:
     from lmctl.pipeline import Prepared
 
 
+def check(config: TrainConfig) -> None:
+    """Refuse, before any work, trackers the Trainer does not know or cannot load, and a
+    DeepSpeed config without DeepSpeed."""
+    import importlib.util
+
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    available = set(get_available_reporting_integrations())
+    for name in config.report_to:
+        if name == "all":
+            continue
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise ConfigError(
+                f"--report-to {name}: not a tracker the Trainer knows",
+                "choose from " + ", ".join(sorted(INTEGRATION_TO_CALLBACK)),
+            )
+        if name not in available:
+            raise ConfigError(
+                f"--report-to {name}: its package is not installed",
+                f"pip install {name.replace('_', '-')}, or drop --report-to {name}",
+            )
+    if config.training_args.get("deepspeed") and importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError(
+            "training_args.deepspeed: DeepSpeed is not installed",
+            "pip install deepspeed, or remove training_args.deepspeed",
+        )
+
+
 def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
     from transformers import TrainingArguments
 

@@ -75,6 +75,14 @@ def check_output_dir(config: TrainConfig) -> None:
         raise ConfigError(
             f"--output-dir {path}: exists and is not a directory", "choose another --output-dir"
         )
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(
+                    f"--output-dir {path}: {parent} is a file, not a directory",
+                    "choose an --output-dir whose parent folders are directories",
+                )
+            break
     if not path.exists() or not any(path.iterdir()):
         return
     if config.resume_from_checkpoint is not None:
