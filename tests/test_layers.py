@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
         "lmctl.distributed",
         "lmctl.resources",
         "lmctl.secrets",
+        "lmctl.environment",
         "lmctl",
     ),
 ]
