@@ -95,6 +95,11 @@ class Objective(ABC):
     ) -> DatasetDict:
         """Turn raw records into model inputs (tokenize, group, label)."""
 
+    def groups_by_length(self, config: TrainConfig) -> bool:
+        """Whether training batches group samples of similar length (``--group-by-length``;
+        objectives with samples of varied length turn it on when it is unset)."""
+        return bool(config.group_by_length)
+
     @abstractmethod
     def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
         """Batch builder used for training and evaluation."""

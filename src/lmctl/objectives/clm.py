@@ -41,8 +41,8 @@ class ClmConfig(TrainConfig):
     )
 
 
-def _next_token(logits: Any, labels: Any) -> tuple[Any, Any]:
-    predictions = logits.argmax(dim=-1)[:, :-1]
+def _next_token(predictions: Any, labels: Any) -> tuple[Any, Any]:
+    predictions = predictions[:, :-1]
     references = labels[:, 1:]
     scored = references != -100
     return predictions[scored], references[scored]
