@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -248,28 +248,15 @@ def startup(work: Work, reps: int) -> list[Figure]:
         "lmctl train clm --help": ([*lmctl, "train", "clm", "--help"], (0,)),
         "config error (exit 2)": ([*lmctl, "train", "clm", "--learning-rate", "-1"], (2,)),
     }
-    figures = []
+    sides: dict[str, Callable[[], float]] = {"stack": lambda: wall(stack, env)}
     for name, (command, codes) in commands.items():
-        runs = interleave(
-            reps,
-            {
-                "lmctl": lambda command=command, codes=codes: wall(command, env, codes),
-                "baseline": lambda: wall(stack, env),
-            },
-        )
-        figures.append(
-            Figure(
-                "start-up",
-                name,
-                "s",
-                runs["lmctl"],
-                runs["baseline"],
-                "lower",
-                10.0,
-                "baseline: importing the stack an upstream script imports before parsing flags",
-            )
-        )
-    return figures
+        sides[name] = lambda command=command, codes=codes: wall(command, env, codes)
+    runs = interleave(reps, sides)  # one stack import per round serves all three ratios
+    note = "baseline: importing the stack an upstream script imports before parsing flags"
+    return [
+        Figure("start-up", name, "s", runs[name], runs["stack"], "lower", 10.0, note)
+        for name in commands
+    ]
 
 
 def preprocessing(work: Work, reps: int, megabytes: float) -> list[Figure]:
@@ -980,6 +967,44 @@ def render(
     return "\n".join(lines) + "\n"
 
 
+GROUPS = [("startup", "preprocessing"), ("training", "mfu"), ("evaluation", "resume", "end-to-end")]
+
+
+def _parallel(args: argparse.Namespace, sections: set[str]) -> list[Figure]:
+    """Each group of sections in its own process, all at once; their figures, in order."""
+    forwarded = [
+        f"--{key.replace('_', '-')}={value}"
+        for key, value in vars(args).items()
+        if key in ("reps", "corpus_mb", "train_steps", "eval_mb", "resume_blocks") and value
+    ] + (["--quick"] if args.quick else [])
+    jobs = []
+    scratch = Path(tempfile.mkdtemp(prefix="lmctl-bench-groups-"))
+    for index, group in enumerate(GROUPS):
+        wanted = [name for name in group if name in sections]
+        if not wanted:
+            continue
+        out = scratch / f"group-{index}.json"
+        command = [
+            sys.executable,
+            __file__,
+            *forwarded,
+            "--sections",
+            ",".join(wanted),
+            "--output",
+            str(scratch / f"group-{index}.md"),
+            "--figures-out",
+            str(out),
+        ]
+        jobs.append((subprocess.Popen(command), out))
+    figures = []
+    for process, out in jobs:
+        if process.wait() != 0:
+            raise SystemExit(f"a group of sections failed: {process.args}")
+        figures += [Figure(**item) for item in json.loads(out.read_text())]
+    shutil.rmtree(scratch, ignore_errors=True)
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one repetition")
@@ -989,6 +1014,12 @@ def main() -> int:
         "--sections", default="startup,preprocessing,training,mfu,evaluation,resume,end-to-end"
     )
     parser.add_argument("--shared", action="store_true", help="note that the machine was shared")
+    parser.add_argument(
+        "--parallel",
+        action="store_true",
+        help="run three groups of sections as concurrent processes (a loaded machine)",
+    )
+    parser.add_argument("--figures-out", help=argparse.SUPPRESS)
     parser.add_argument("--corpus-mb", type=float, help="preprocessing corpus (default 64)")
     parser.add_argument("--train-steps", type=int, help="steps per training run (default 40)")
     parser.add_argument("--eval-mb", type=float, help="evaluation text (default 0.5)")
@@ -1018,7 +1049,6 @@ def main() -> int:
                 figures.extend(function())
                 write()
 
-        section("startup", lambda: startup(work, reps))
         sizes = {
             "corpus_mb": args.corpus_mb or (1 if args.quick else 64),
             "train_steps": args.train_steps or (2 if args.quick else 40),
@@ -1031,6 +1061,10 @@ def main() -> int:
             ),
         }
         machine["sizes"] = ", ".join(f"{k} {v}" for k, v in sizes.items())
+        if args.parallel:
+            figures.extend(_parallel(args, sections))
+            sections = set()
+        section("startup", lambda: startup(work, reps))
         section("preprocessing", lambda: preprocessing(work, reps, sizes["corpus_mb"]))
         clm: dict[str, Any] = {}
         if "training" in sections or "mfu" in sections:
@@ -1043,7 +1077,10 @@ def main() -> int:
         section("resume", lambda: resume(work, reps, sizes["resume_blocks"]))
         section("end-to-end", lambda: end_to_end(work, 1 if args.quick else reps))
         text = write()
-        print(text)
+        if args.figures_out:
+            Path(args.figures_out).write_text(json.dumps([asdict(f) for f in figures]))
+        else:
+            print(text)
         return 0
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -275,3 +275,40 @@ def test_bf16_loss_curve_stays_within_tolerance_of_fp32(
     for fp32, bf16 in zip(curves["fp32"], curves["bf16"], strict=True):
         assert bf16 == pytest.approx(fp32, rel=0.03)
     assert curves["bf16-eval"][0] == pytest.approx(curves["fp32-eval"][0], rel=0.03)
+
+
+@pytest.mark.parametrize("kind", ["clm", "mlm", "swag"])
+def test_evaluation_one_sample_at_a_time_gives_the_batch_loss(kind: str) -> None:
+    import torch
+    import transformers
+
+    from lmctl.evaluation import _batch_loss
+    from lmctl.metrics import BatchMetrics
+    from lmctl.objectives.common import masked_positions
+
+    torch.manual_seed(0)
+    small = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "intermediate_size": 64, "vocab_size": 97}  # fmt: skip
+    ids = torch.randint(3, 97, (5, 12))
+    if kind == "clm":
+        model: Any = transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=97)
+        )
+        labels = ids.clone()
+        labels[1, 7:] = -100  # a padded sample scores fewer positions
+        inputs = {"input_ids": ids, "labels": labels}
+    elif kind == "mlm":
+        model = transformers.BertForMaskedLM(transformers.BertConfig(**small))
+        labels = torch.full_like(ids, -100)
+        labels[torch.rand(ids.shape) < 0.3] = 5
+        labels[2] = -100  # a sample without masked positions
+        inputs = {"input_ids": ids, "labels": labels}
+    else:
+        model = transformers.BertForMultipleChoice(transformers.BertConfig(**small))
+        inputs = {"input_ids": ids.view(5, 1, 12).repeat(1, 3, 1), "labels": torch.arange(5) % 3}
+    model.eval()
+    with torch.inference_mode():
+        expected = float(model(**inputs).loss)
+        metrics = BatchMetrics(masked_positions)
+        got = _batch_loss(model, inputs, metrics, shifted=kind == "clm")
+    assert got == pytest.approx(expected, rel=1e-5)

@@ -31,6 +31,8 @@ class Objective(ABC):
     config_class: ClassVar[type[TrainConfig]]
     #: Algorithm used by ``--train-tokenizer``.
     tokenizer_algorithm: ClassVar[Literal["bpe", "wordpiece", "unigram"]] = "bpe"
+    #: Whether the model scores labels shifted by one position (causal LMs).
+    shifts_labels: ClassVar[bool] = False
     #: Whether perplexity = exp(eval_loss) is meaningful for this objective.
     reports_perplexity: ClassVar[bool] = True
     #: Architectures to suggest when a model can't be trained for this objective.

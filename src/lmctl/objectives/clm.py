@@ -50,6 +50,7 @@ def _next_token(predictions: Any, labels: Any) -> tuple[Any, Any]:
 
 class Clm(Objective):
     name = "clm"
+    shifts_labels = True
     summary = "Causal language modelling (GPT-2, Llama, ...)"
     task_tag = "text-generation"
     config_class = ClmConfig
