@@ -413,7 +413,9 @@ def _upstream(work: Work, args: list[str], *, memory: bool = False) -> dict[str,
     return results
 
 
-def training(work: Work, reps: int, steps: int) -> tuple[list[Figure], dict[str, Any]]:
+def training(
+    work: Work, reps: int, steps: int, objectives: set[str]
+) -> tuple[list[Figure], dict[str, Any]]:
     """clm tokens/s, mlm line-by-line non-padding tokens/s, swag examples/s; both engines;
     --precision auto against the baseline's fp32."""
     from transformers import AutoTokenizer
@@ -434,252 +436,259 @@ def training(work: Work, reps: int, steps: int) -> tuple[list[Figure], dict[str,
     bert = work.model("bert-4x256", "bert-mlm", **bert_size)
     choice = work.model("bert-4x256-mc", "bert-mc", **bert_size)
 
-    # clm: enough text for steps * batch blocks of 128 tokens.
-    clm_train = write_text_of_size(work.root / "clm.txt", steps * batch * block * 6 / 2**20 + 0.05)
-    common = ["--per-device-train-batch-size", batch, "--no-eval", "--logging-steps", 10]
-    clm_lmctl = [
-        "train",
-        "clm",
-        "--model",
-        gpt2,
-        "--train-file",
-        clm_train,
-        "--block-size",
-        block,
-        "--max-steps",
-        steps,
-        *common,
-    ]
-    clm_upstream = [
-        "clm",
-        "--model",
-        str(gpt2),
-        "--train-file",
-        str(clm_train),
-        "--block-size",
-        str(block),
-        "--max-steps",
-        str(steps),
-        "--batch-size",
-        str(batch),
-    ]
-    runs = interleave(
-        reps,
-        {
-            "trainer": lambda: _lmctl_train(work, clm_lmctl),
-            "accelerate": lambda: _lmctl_train(work, [*clm_lmctl, "--engine", "accelerate"]),
-            "auto": lambda: _lmctl_train(work, [*clm_lmctl, "--precision", "auto"]),
-            "baseline": lambda: _upstream(work, clm_upstream),
-        },
-    )
+    clm_runs: dict[str, Any] = {}
     tokens = steps * batch * block
+    common = ["--per-device-train-batch-size", batch, "--no-eval", "--logging-steps", 10]
+    if "clm" in objectives:
+        # clm: enough text for steps * batch blocks of 128 tokens.
+        clm_train = write_text_of_size(
+            work.root / "clm.txt", steps * batch * block * 6 / 2**20 + 0.05
+        )
+        clm_lmctl = [
+            "train",
+            "clm",
+            "--model",
+            gpt2,
+            "--train-file",
+            clm_train,
+            "--block-size",
+            block,
+            "--max-steps",
+            steps,
+            *common,
+        ]
+        clm_upstream = [
+            "clm",
+            "--model",
+            str(gpt2),
+            "--train-file",
+            str(clm_train),
+            "--block-size",
+            str(block),
+            "--max-steps",
+            str(steps),
+            "--batch-size",
+            str(batch),
+        ]
+        runs = interleave(
+            reps,
+            {
+                "trainer": lambda: _lmctl_train(work, clm_lmctl),
+                "accelerate": lambda: _lmctl_train(work, [*clm_lmctl, "--engine", "accelerate"]),
+                "auto": lambda: _lmctl_train(work, [*clm_lmctl, "--precision", "auto"]),
+                "baseline": lambda: _upstream(work, clm_upstream),
+            },
+        )
+        tokens = steps * batch * block
 
-    def rate(results: list[dict[str, Any]], amount: float) -> list[float]:
-        return [amount / r["train_runtime"] for r in results]
+        def rate(results: list[dict[str, Any]], amount: float) -> list[float]:
+            return [amount / r["train_runtime"] for r in results]
 
-    base = rate(runs["baseline"], tokens)
-    figures += [
-        Figure(
-            "training",
-            "clm tokens/s, trainer engine",
-            "tokens/s",
-            rate(runs["trainer"], tokens),
-            base,
-            "higher",
-            1.1,
-        ),
-        Figure(
-            "training",
-            "clm tokens/s, accelerate engine",
-            "tokens/s",
-            rate(runs["accelerate"], tokens),
-            base,
-            "higher",
-            1.1,
-        ),
-        Figure(
-            "training",
-            "clm tokens/s, --precision auto vs baseline fp32",
-            "tokens/s",
-            rate(runs["auto"], tokens),
-            base,
-            "higher",
-            1.5,
-        ),
-        Figure(
-            "training",
-            "clm final loss (fp32 / baseline)",
-            "loss",
-            [r["train_loss"] for r in runs["trainer"]],
-            [r["train_loss"] for r in runs["baseline"]],
-            "lower",
-            None,
-            "equal results: the ratio should be about 1",
-        ),
-        Figure(
-            "training",
-            "clm final loss (--precision auto / baseline fp32)",
-            "loss",
-            [r["train_loss"] for r in runs["auto"]],
-            [r["train_loss"] for r in runs["baseline"]],
-            "lower",
-            None,
-        ),
-    ]
-    clm_runs = runs
+        base = rate(runs["baseline"], tokens)
+        figures += [
+            Figure(
+                "training",
+                "clm tokens/s, trainer engine",
+                "tokens/s",
+                rate(runs["trainer"], tokens),
+                base,
+                "higher",
+                1.1,
+            ),
+            Figure(
+                "training",
+                "clm tokens/s, accelerate engine",
+                "tokens/s",
+                rate(runs["accelerate"], tokens),
+                base,
+                "higher",
+                1.1,
+            ),
+            Figure(
+                "training",
+                "clm tokens/s, --precision auto vs baseline fp32",
+                "tokens/s",
+                rate(runs["auto"], tokens),
+                base,
+                "higher",
+                1.5,
+            ),
+            Figure(
+                "training",
+                "clm final loss (fp32 / baseline)",
+                "loss",
+                [r["train_loss"] for r in runs["trainer"]],
+                [r["train_loss"] for r in runs["baseline"]],
+                "lower",
+                None,
+                "equal results: the ratio should be about 1",
+            ),
+            Figure(
+                "training",
+                "clm final loss (--precision auto / baseline fp32)",
+                "loss",
+                [r["train_loss"] for r in runs["auto"]],
+                [r["train_loss"] for r in runs["baseline"]],
+                "lower",
+                None,
+            ),
+        ]
+        clm_runs = runs
 
-    # mlm line by line: one epoch over steps * batch lines of varied length.
-    lines = text_lines(steps * batch, seed=1, min_words=2, max_words=90)
-    mlm_train = write_lines(work.root / "mlm.txt", lines)
-    tokenizer = AutoTokenizer.from_pretrained(work.tokenizer)
-    real_tokens = sum(
-        len(ids) for ids in tokenizer(lines, truncation=True, max_length=128)["input_ids"]
-    )
-    mlm_lmctl = [
-        "train",
-        "mlm",
-        "--model",
-        bert,
-        "--train-file",
-        mlm_train,
-        "--line-by-line",
-        "--max-seq-length",
-        128,
-        "--num-train-epochs",
-        1,
-        *common,
-    ]
-    mlm_upstream = [
-        "mlm",
-        "--model",
-        str(bert),
-        "--train-file",
-        str(mlm_train),
-        "--line-by-line",
-        "--max-seq-length",
-        "128",
-        "--epochs",
-        "1",
-        "--batch-size",
-        str(batch),
-    ]
-    runs = interleave(
-        reps,
-        {
-            "trainer": lambda: _lmctl_train(work, mlm_lmctl),
-            "accelerate": lambda: _lmctl_train(work, [*mlm_lmctl, "--engine", "accelerate"]),
-            "baseline": lambda: _upstream(work, mlm_upstream),
-        },
-    )
-    base = rate(runs["baseline"], real_tokens)
-    figures += [
-        Figure(
-            "training",
-            "mlm line by line, non-padding tokens/s, trainer engine",
-            "tokens/s",
-            rate(runs["trainer"], real_tokens),
-            base,
-            "higher",
-            1.5,
-        ),
-        Figure(
-            "training",
-            "mlm line by line, non-padding tokens/s, accelerate engine",
-            "tokens/s",
-            rate(runs["accelerate"], real_tokens),
-            base,
-            "higher",
-            1.5,
-        ),
-        Figure(
-            "training",
-            "mlm final loss (lmctl / baseline)",
-            "loss",
-            [r["train_loss"] for r in runs["trainer"]],
-            [r["train_loss"] for r in runs["baseline"]],
-            "lower",
-            None,
-        ),
-    ]
+    if "mlm" in objectives:
+        # mlm line by line: one epoch over steps * batch lines of varied length.
+        lines = text_lines(steps * batch, seed=1, min_words=2, max_words=90)
+        mlm_train = write_lines(work.root / "mlm.txt", lines)
+        tokenizer = AutoTokenizer.from_pretrained(work.tokenizer)
+        real_tokens = sum(
+            len(ids) for ids in tokenizer(lines, truncation=True, max_length=128)["input_ids"]
+        )
+        mlm_lmctl = [
+            "train",
+            "mlm",
+            "--model",
+            bert,
+            "--train-file",
+            mlm_train,
+            "--line-by-line",
+            "--max-seq-length",
+            128,
+            "--num-train-epochs",
+            1,
+            *common,
+        ]
+        mlm_upstream = [
+            "mlm",
+            "--model",
+            str(bert),
+            "--train-file",
+            str(mlm_train),
+            "--line-by-line",
+            "--max-seq-length",
+            "128",
+            "--epochs",
+            "1",
+            "--batch-size",
+            str(batch),
+        ]
+        runs = interleave(
+            reps,
+            {
+                "trainer": lambda: _lmctl_train(work, mlm_lmctl),
+                "accelerate": lambda: _lmctl_train(work, [*mlm_lmctl, "--engine", "accelerate"]),
+                "baseline": lambda: _upstream(work, mlm_upstream),
+            },
+        )
+        base = rate(runs["baseline"], real_tokens)
+        figures += [
+            Figure(
+                "training",
+                "mlm line by line, non-padding tokens/s, trainer engine",
+                "tokens/s",
+                rate(runs["trainer"], real_tokens),
+                base,
+                "higher",
+                1.5,
+            ),
+            Figure(
+                "training",
+                "mlm line by line, non-padding tokens/s, accelerate engine",
+                "tokens/s",
+                rate(runs["accelerate"], real_tokens),
+                base,
+                "higher",
+                1.5,
+            ),
+            Figure(
+                "training",
+                "mlm final loss (lmctl / baseline)",
+                "loss",
+                [r["train_loss"] for r in runs["trainer"]],
+                [r["train_loss"] for r in runs["baseline"]],
+                "lower",
+                None,
+            ),
+        ]
 
-    # swag: one epoch over records with four endings.
-    import random
+    if "swag" in objectives:
+        # swag: one epoch over records with four endings.
+        import random
 
-    rng = random.Random(2)
-    words = " ".join(text_lines(200, seed=3)).split()
+        rng = random.Random(2)
+        words = " ".join(text_lines(200, seed=3)).split()
 
-    def phrase(low: int, high: int) -> str:
-        size = rng.randint(low, high)
-        start = rng.randrange(len(words) - size)
-        return " ".join(words[start : start + size])
+        def phrase(low: int, high: int) -> str:
+            size = rng.randint(low, high)
+            start = rng.randrange(len(words) - size)
+            return " ".join(words[start : start + size])
 
-    records = [
-        {
-            "sent1": phrase(5, 40),
-            "sent2": phrase(2, 8),
-            **{f"ending{i}": phrase(2, 20) for i in range(4)},
-            "label": rng.randrange(4),
-        }
-        for _ in range(steps * batch)
-    ]
-    swag_train = work.root / "swag.jsonl"
-    swag_train.write_text("".join(json.dumps(r) + "\n" for r in records))
-    swag_lmctl = [
-        "train",
-        "swag",
-        "--model",
-        choice,
-        "--train-file",
-        swag_train,
-        "--max-seq-length",
-        128,
-        "--num-train-epochs",
-        1,
-        *common,
-    ]
-    swag_upstream = [
-        "swag",
-        "--model",
-        str(choice),
-        "--train-file",
-        str(swag_train),
-        "--max-seq-length",
-        "128",
-        "--epochs",
-        "1",
-        "--batch-size",
-        str(batch),
-    ]
-    runs = interleave(
-        reps,
-        {
-            "trainer": lambda: _lmctl_train(work, swag_lmctl),
-            "accelerate": lambda: _lmctl_train(work, [*swag_lmctl, "--engine", "accelerate"]),
-            "baseline": lambda: _upstream(work, swag_upstream),
-        },
-    )
-    count = len(records)
-    base = rate(runs["baseline"], count)
-    figures += [
-        Figure(
-            "training",
-            "swag examples/s, trainer engine",
-            "examples/s",
-            rate(runs["trainer"], count),
-            base,
-            "higher",
-            1.3,
-        ),
-        Figure(
-            "training",
-            "swag examples/s, accelerate engine",
-            "examples/s",
-            rate(runs["accelerate"], count),
-            base,
-            "higher",
-            1.3,
-        ),
-    ]
+        records = [
+            {
+                "sent1": phrase(5, 40),
+                "sent2": phrase(2, 8),
+                **{f"ending{i}": phrase(2, 20) for i in range(4)},
+                "label": rng.randrange(4),
+            }
+            for _ in range(steps * batch)
+        ]
+        swag_train = work.root / "swag.jsonl"
+        swag_train.write_text("".join(json.dumps(r) + "\n" for r in records))
+        swag_lmctl = [
+            "train",
+            "swag",
+            "--model",
+            choice,
+            "--train-file",
+            swag_train,
+            "--max-seq-length",
+            128,
+            "--num-train-epochs",
+            1,
+            *common,
+        ]
+        swag_upstream = [
+            "swag",
+            "--model",
+            str(choice),
+            "--train-file",
+            str(swag_train),
+            "--max-seq-length",
+            "128",
+            "--epochs",
+            "1",
+            "--batch-size",
+            str(batch),
+        ]
+        runs = interleave(
+            reps,
+            {
+                "trainer": lambda: _lmctl_train(work, swag_lmctl),
+                "accelerate": lambda: _lmctl_train(work, [*swag_lmctl, "--engine", "accelerate"]),
+                "baseline": lambda: _upstream(work, swag_upstream),
+            },
+        )
+        count = len(records)
+        base = rate(runs["baseline"], count)
+        figures += [
+            Figure(
+                "training",
+                "swag examples/s, trainer engine",
+                "examples/s",
+                rate(runs["trainer"], count),
+                base,
+                "higher",
+                1.3,
+            ),
+            Figure(
+                "training",
+                "swag examples/s, accelerate engine",
+                "examples/s",
+                rate(runs["accelerate"], count),
+                base,
+                "higher",
+                1.3,
+            ),
+        ]
     return figures, {"clm": clm_runs, "gpt2": gpt2, "tokens": tokens, "block": block}
 
 
@@ -921,7 +930,8 @@ def render(
         "Written by `python benchmarks/run.py`"
         + (" --quick (a smoke run: small sizes)" if args.quick else "")
         + f" in {minutes:.1f} minutes. Every figure is min / median / max of {args.reps} "
-        "repetitions; lmctl and the baseline (the upstream example scripts' recipe as a user "
+        + (f"(training: {args.train_reps}) " if getattr(args, "train_reps", None) else "")
+        + "repetitions; lmctl and the baseline (the upstream example scripts' recipe as a user "
         "runs it, `benchmarks/upstream.py`) ran alternately in the same run, and each ratio is "
         "of medians (speed-up: above 1 means lmctl is better).",
         "",
@@ -930,6 +940,12 @@ def render(
         *[f"- {key}: {value}" for key, value in machine.items()],
         "",
     ]
+    if getattr(args, "parallel", False):
+        lines += [
+            f"The section groups ran as {len(GROUPS)} concurrent processes (`--parallel`); "
+            "each ratio still compares runs of one process, made one after the other.",
+            "",
+        ]
     if args.shared:
         lines += [
             "The machine was shared with other jobs while the suite ran (see the load average), "
@@ -967,7 +983,12 @@ def render(
     return "\n".join(lines) + "\n"
 
 
-GROUPS = [("startup", "preprocessing"), ("training", "mfu"), ("evaluation", "resume", "end-to-end")]
+GROUPS = [
+    ("startup", "preprocessing"),
+    ("training:clm", "mfu"),
+    ("training:mlm,swag",),
+    ("evaluation", "resume", "end-to-end"),
+]
 
 
 def _parallel(args: argparse.Namespace, sections: set[str]) -> list[Figure]:
@@ -975,12 +996,13 @@ def _parallel(args: argparse.Namespace, sections: set[str]) -> list[Figure]:
     forwarded = [
         f"--{key.replace('_', '-')}={value}"
         for key, value in vars(args).items()
-        if key in ("reps", "corpus_mb", "train_steps", "eval_mb", "resume_blocks") and value
+        if key in ("reps", "train_reps", "corpus_mb", "train_steps", "eval_mb", "resume_blocks")
+        and value
     ] + (["--quick"] if args.quick else [])
     jobs = []
     scratch = Path(tempfile.mkdtemp(prefix="lmctl-bench-groups-"))
     for index, group in enumerate(GROUPS):
-        wanted = [name for name in group if name in sections]
+        wanted = [name for name in group if name in sections or name.split(":")[0] in sections]
         if not wanted:
             continue
         out = scratch / f"group-{index}.json"
@@ -1020,6 +1042,7 @@ def main() -> int:
         help="run three groups of sections as concurrent processes (a loaded machine)",
     )
     parser.add_argument("--figures-out", help=argparse.SUPPRESS)
+    parser.add_argument("--train-reps", type=int, help="repetitions of training runs")
     parser.add_argument("--corpus-mb", type=float, help="preprocessing corpus (default 64)")
     parser.add_argument("--train-steps", type=int, help="steps per training run (default 40)")
     parser.add_argument("--eval-mb", type=float, help="evaluation text (default 0.5)")
@@ -1067,15 +1090,24 @@ def main() -> int:
         section("startup", lambda: startup(work, reps))
         section("preprocessing", lambda: preprocessing(work, reps, sizes["corpus_mb"]))
         clm: dict[str, Any] = {}
-        if "training" in sections or "mfu" in sections:
+        objectives: set[str] = set()
+        for name in sections:
+            if name == "training" or (name == "mfu" and "training" not in sections):
+                objectives |= {"clm", "mlm", "swag"} if name == "training" else {"clm"}
+            elif name.startswith("training:"):
+                objectives |= set(name.split(":", 1)[1].split(","))
+        if objectives:
             print(f"[{time.perf_counter() - started:6.0f} s] training", file=sys.stderr)
-            trained, clm = training(work, reps, sizes["train_steps"])
+            trained, clm = training(work, args.train_reps or reps, sizes["train_steps"], objectives)
             figures.extend(trained)
             write()
-        section("mfu", lambda: mfu(work, clm, 0.5 if args.quick else 3))
+        if clm.get("clm"):
+            section("mfu", lambda: mfu(work, clm, 0.5 if args.quick else 3))
         section("evaluation", lambda: evaluation(work, reps, sizes["eval_mb"]))
         section("resume", lambda: resume(work, reps, sizes["resume_blocks"]))
-        section("end-to-end", lambda: end_to_end(work, 1 if args.quick else reps))
+        section(
+            "end-to-end", lambda: end_to_end(work, 1 if args.quick else args.train_reps or reps)
+        )
         text = write()
         if args.figures_out:
             Path(args.figures_out).write_text(json.dumps([asdict(f) for f in figures]))

@@ -242,7 +242,8 @@ def test_mlm_loss_with_length_grouping_matches_random_batches(
         proc = lmctl(
             "train", "mlm", *TINY_BERT, "--tokenizer-name", wordpiece_tokenizer,
             "--train-file", train, "--validation-file", valid, "--line-by-line",
-            "--max-seq-length", "64", "--num-train-epochs", "2", "--learning-rate", "2e-3",
+            "--max-seq-length", "64", "--max-train-samples", "128", "--max-eval-samples", "32",
+            "--num-train-epochs", "2", "--learning-rate", "2e-3",
             "--engine", engine, grouping, "-o", out, cwd=tmp_path,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
@@ -264,6 +265,7 @@ def test_bf16_loss_curve_stays_within_tolerance_of_fp32(
         proc = lmctl(
             "train", "clm", *TINY_GPT2, "--tokenizer-name", bpe_tokenizer, "--train-file", train,
             "--validation-file", valid, "--block-size", "64", "--max-steps", "30",
+            "--max-eval-samples", "16",
             "--logging-steps", "5", "--learning-rate", "2e-3", "--precision", precision,
             "--engine", engine, "-o", out, cwd=tmp_path,
         )  # fmt: skip
