@@ -64,6 +64,9 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         # (special-tokens masks, offsets), which are not model arguments.
         "remove_unused_columns": False,
     }
+    if precision == "bf16" and not _has_accelerator():
+        # The Trainer runs bf16 autocast on the CPU only when told the CPU is the device.
+        values["use_cpu"] = True
     values.update(config.training_args)
     if config.streaming:
         # Each rank reads its own shards of the stream (accelerate shards a datasets
