@@ -436,6 +436,9 @@ def training(
     bert = work.model("bert-4x256", "bert-mlm", **bert_size)
     choice = work.model("bert-4x256-mc", "bert-mc", **bert_size)
 
+    def rate(results: list[dict[str, Any]], amount: float) -> list[float]:
+        return [amount / r["train_runtime"] for r in results]
+
     clm_runs: dict[str, Any] = {}
     tokens = steps * batch * block
     common = ["--per-device-train-batch-size", batch, "--no-eval", "--logging-steps", 10]
@@ -479,11 +482,6 @@ def training(
                 "baseline": lambda: _upstream(work, clm_upstream),
             },
         )
-        tokens = steps * batch * block
-
-        def rate(results: list[dict[str, Any]], amount: float) -> list[float]:
-            return [amount / r["train_runtime"] for r in results]
-
         base = rate(runs["baseline"], tokens)
         figures += [
             Figure(
@@ -1043,6 +1041,11 @@ def main() -> int:
     )
     parser.add_argument("--figures-out", help=argparse.SUPPRESS)
     parser.add_argument("--train-reps", type=int, help="repetitions of training runs")
+    parser.add_argument(
+        "--combine",
+        nargs="+",
+        help="write the page from figure files of separate --figures-out runs (no measuring)",
+    )
     parser.add_argument("--corpus-mb", type=float, help="preprocessing corpus (default 64)")
     parser.add_argument("--train-steps", type=int, help="steps per training run (default 40)")
     parser.add_argument("--eval-mb", type=float, help="evaluation text (default 0.5)")
@@ -1050,6 +1053,15 @@ def main() -> int:
     args = parser.parse_args()
     args.reps = args.reps or (1 if args.quick else 3)
     sections = set(args.sections.split(","))
+    if args.combine:
+        figures = [
+            Figure(**item) for path in args.combine for item in json.loads(Path(path).read_text())
+        ]
+        machine = machine_info()
+        text = render(figures, machine, args, float(os.environ.get("LMCTL_BENCH_MINUTES", "0")))
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(text)
+        return 0
     started = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="lmctl-bench-"))
     try:
