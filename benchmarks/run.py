@@ -1059,6 +1059,7 @@ def main() -> int:
         ]
         machine = machine_info()
         text = render(figures, machine, args, float(os.environ.get("LMCTL_BENCH_MINUTES", "0")))
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text, encoding="utf-8")
         print(text)
         return 0
