@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from lmctl import secrets
 from lmctl.console import Console, OutputOptions
 from lmctl.distributed import is_main_process
 from lmctl.errors import ExitCode, LmctlError
@@ -28,6 +29,7 @@ def run_command(
     if not is_main_process():
         output = replace(output, quiet=True, json=False)
     console = Console(output)
+    secrets.register_environment()
     console.capture_warnings()
     sigterm_as_interrupt()
     code = ExitCode.OK
@@ -38,7 +40,7 @@ def run_command(
         console.stop_progress()
         code = exc.exit_code
         console.error(exc.message, exc.hint)
-        payload = {"error": exc.message, "hint": exc.hint}
+        payload = {"error": exc.message, "hint": exc.hint, **exc.details}
         _maybe_traceback()
     except KeyboardInterrupt:
         console.stop_progress()
