@@ -984,7 +984,7 @@ def render(
 GROUPS = [
     ("startup", "preprocessing"),
     ("training:clm", "mfu"),
-    ("training:mlm,swag",),
+    ("training:mlm+swag",),
     ("evaluation", "resume", "end-to-end"),
 ]
 
@@ -1108,7 +1108,7 @@ def main() -> int:
             if name == "training" or (name == "mfu" and "training" not in sections):
                 objectives |= {"clm", "mlm", "swag"} if name == "training" else {"clm"}
             elif name.startswith("training:"):
-                objectives |= set(name.split(":", 1)[1].split(","))
+                objectives |= set(name.split(":", 1)[1].split("+"))
         if objectives:
             print(f"[{time.perf_counter() - started:6.0f} s] training", file=sys.stderr)
             trained, clm = training(work, args.train_reps or reps, sizes["train_steps"], objectives)
