@@ -25,7 +25,6 @@ Prints the wall and CPU times and the ratio upstream / lmctl (lmctl aims at >= 2
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import resource
 import shutil
@@ -41,40 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 from benchmarks.common import duplicate_share, train_bpe_tokenizer, write_corpus
+from benchmarks.upstream import group_recipe
 
 
 def upstream_recipe(raw: Any, tokenizer: Any, block_size: int, workers: int) -> Any:
     """Exactly what run_clm.py does (tokenize_function and group_texts)."""
-    column = "text"
-
-    def tokenize_function(examples: dict[str, list[str]]) -> Any:
-        return tokenizer(examples[column])
-
-    tokenized = raw.map(
-        tokenize_function,
-        batched=True,
-        num_proc=workers if workers > 1 else None,
-        remove_columns=[column],
-        load_from_cache_file=False,
-    )
-
-    def group_texts(examples: dict[str, list[Any]]) -> dict[str, Any]:
-        concatenated = {k: list(itertools.chain(*examples[k])) for k in examples}
-        total_length = len(concatenated[next(iter(examples))])
-        total_length = (total_length // block_size) * block_size
-        result = {
-            k: [t[i : i + block_size] for i in range(0, total_length, block_size)]
-            for k, t in concatenated.items()
-        }
-        result["labels"] = result["input_ids"].copy()
-        return result
-
-    return tokenized.map(
-        group_texts,
-        batched=True,
-        num_proc=workers if workers > 1 else None,
-        load_from_cache_file=False,
-    )
+    return group_recipe(raw, tokenizer, block_size, "text", workers if workers > 1 else None)
 
 
 def lmctl_pipeline(

@@ -19,3 +19,16 @@ def world_size() -> int:
 
 def is_main_process() -> bool:
     return rank() == 0
+
+
+def native_bf16() -> bool:
+    """Whether this process's device computes bfloat16 natively: a CUDA GPU that supports
+    it, or a CPU with AVX512-BF16 or AMX instructions (elsewhere bf16 is emulated, slower
+    than fp32)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return bool(torch.cuda.is_bf16_supported())
+    cpu = torch.cpu
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)

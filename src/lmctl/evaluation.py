@@ -19,6 +19,7 @@ directory nothing is written without ``--output``.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -333,8 +334,8 @@ def evaluate_prepared(prepared: Prepared, console: Console) -> dict[str, Any]:
     """Loss, perplexity and the objective's accuracy over the evaluation split.
 
     Loss is the per-sample-weighted mean of batch losses, as the Trainer reports
-    ``eval_loss``; accuracy comes from the objective's per-batch metric, so only one batch of
-    logits is ever held.
+    ``eval_loss``; accuracy comes from the objective's per-batch counters, and the model runs
+    one sample at a time, so only one sample's logits are ever held.
     """
     import torch
     from torch.utils.data import DataLoader
@@ -365,12 +366,10 @@ def evaluate_prepared(prepared: Prepared, console: Console) -> dict[str, Any]:
     with torch.inference_mode():
         for step, batch in enumerate(loader, 1):
             inputs = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
-            outputs = model(**inputs)
             size = int(inputs["labels"].shape[0])
-            total += float(outputs.loss) * size
+            total += _batch_loss(model, inputs, metrics, prepared.objective.shifts_labels) * size
             samples += size
-            metrics.update(outputs.logits, inputs["labels"])
-            del outputs, inputs
+            del inputs
             console.update_progress(step, {}, log_line=False)
     console.stop_progress()
     runtime = time.perf_counter() - start
@@ -383,6 +382,28 @@ def evaluate_prepared(prepared: Prepared, console: Console) -> dict[str, Any]:
     results["eval_samples_per_second"] = round(samples / runtime, 3) if runtime else 0.0
     results["eval_steps_per_second"] = round(step / runtime, 3) if runtime else 0.0
     return results
+
+
+def _batch_loss(model: Any, inputs: dict[str, Any], metrics: Any, shifted: bool) -> float:
+    """The model's loss over a batch, computed one sample at a time.
+
+    A model averages its loss over the batch's scored positions (labels not -100, shifted
+    by one for causal LMs); weighting each sample's loss by its scored positions gives the
+    same number, while only one sample's logits (not the batch's, with the loss's copy of
+    them) are ever held: with a large vocabulary they are most of evaluation's memory.
+    """
+    loss_sum, scored = 0.0, 0
+    for row in range(int(inputs["labels"].shape[0])):
+        sample = {k: v[row : row + 1] if hasattr(v, "shape") else v for k, v in inputs.items()}
+        labels = sample["labels"]
+        count = int(((labels[..., 1:] if shifted else labels) != -100).sum())
+        outputs = model(**sample)
+        metrics.update(outputs.logits, labels)
+        if count:
+            loss_sum += float(outputs.loss) * count
+            scored += count
+        del outputs
+    return loss_sum / scored if scored else math.nan
 
 
 # Where results go --------------------------------------------------------------------------------

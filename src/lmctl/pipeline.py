@@ -49,6 +49,8 @@ class Prepared:
     eval_dataset: Dataset | None
     collator: Any
     eval_collator: Any
+    #: Tokens per training sample when batches are grouped by length (else None).
+    train_lengths: list[int] | None = None
 
 
 def has_model_source(config: TrainConfig) -> bool:
@@ -134,7 +136,14 @@ def prepare(config: TrainConfig, objective: Objective, run_dir: Path, console: C
         console,
         resumed=resume_checkpoint(config) is not None,
     )
+    lengths = None
+    train = prepared.train_dataset
+    if train is not None and not config.streaming and objective.groups_by_length(config):
+        from lmctl.data.batching import sample_lengths
+
+        lengths = sample_lengths(train)
     return Prepared(
+        train_lengths=lengths,
         config=config,
         objective=objective,
         run_dir=run_dir,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
@@ -49,6 +50,7 @@ LrScheduler = Literal[
 Strategy = Literal["no", "steps", "epoch"]
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Engine = Literal["trainer", "accelerate"]
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
 #: ``training_args`` keys (TrainingArguments fields) that the accelerate engine honours too.
 ACCELERATE_TRAINING_ARGS = frozenset(
     {"adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler_kwargs"}
@@ -285,6 +287,21 @@ class TrainConfig(StrictModel):
     seed: int = option(42, "Random seed.", panel=PANEL_TRAINING)
     bf16: bool = option(False, "bfloat16 mixed precision.", panel=PANEL_TRAINING)
     fp16: bool = option(False, "float16 mixed precision (CUDA).", panel=PANEL_TRAINING)
+    precision: Precision | None = option(
+        None,
+        "auto: bfloat16 autocast where the CPU or GPU computes it natively, else fp32 (unset: "
+        "fp32, or what --bf16/--fp16 say).",
+        panel=PANEL_TRAINING,
+    )
+    group_by_length: bool | None = option(
+        None,
+        "Batch samples of similar length together (less padding); unset: on for "
+        "--line-by-line and multiple choice.",
+        panel=PANEL_TRAINING,
+    )
+    torch_compile: bool = option(
+        False, "Compile the model with torch.compile.", panel=PANEL_TRAINING
+    )
     dataloader_num_workers: int = option(
         0, "Dataloader worker processes.", panel=PANEL_TRAINING, ge=0
     )
@@ -491,6 +508,10 @@ class TrainConfig(StrictModel):
                 problems.add(f"--import {name}: no such file", "check the path of the .py file")
         if self.bf16 and self.fp16:
             problems.add("--bf16 and --fp16 can't both be set", "choose one precision")
+        elif self.precision is not None and (self.bf16 or self.fp16):
+            flag = "--bf16" if self.bf16 else "--fp16"
+            if self.precision != flag[2:]:
+                problems.add(f"--precision {self.precision} contradicts {flag}", "keep one of them")
         if self.warmup_ratio is not None and self.warmup_steps:
             problems.add(
                 "--warmup-ratio and --warmup-steps can't both be set", "choose one warmup form"
@@ -569,6 +590,14 @@ class TrainConfig(StrictModel):
         if self.output_dir is not None:
             return self.output_dir
         return os.path.join("runs", f"{self.objective}-{datetime.now():%Y%m%d-%H%M%S}")
+
+    def mixed_precision(self, native_bf16: Callable[[], bool]) -> Literal["bf16", "fp16"] | None:
+        """The autocast dtype to train in (None: fp32); ``native_bf16`` asks the hardware,
+        and only for --precision auto."""
+        requested = self.precision or ("bf16" if self.bf16 else "fp16" if self.fp16 else "fp32")
+        if requested == "auto":
+            return "bf16" if native_bf16() else None
+        return None if requested == "fp32" else requested
 
     def token_value(self) -> str | None:
         if self.token is not None:

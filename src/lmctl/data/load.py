@@ -16,6 +16,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -256,15 +257,18 @@ def cached_map(
     remove_columns: list[str] | None = None,
 ) -> Dataset:
     """``Dataset.map`` keyed on an explicit fingerprint of its inputs and parameters."""
-    return dataset.map(
-        function,
-        batched=True,
-        num_proc=config.preprocessing_num_workers,
-        remove_columns=remove_columns,
-        load_from_cache_file=not config.overwrite_cache,
-        new_fingerprint=fingerprint(dataset._fingerprint, *key),
-        desc=description,
-    )
+    from lmctl.data.tokens import forked_workers
+
+    with forked_workers() if config.preprocessing_num_workers else nullcontext():
+        return dataset.map(
+            function,
+            batched=True,
+            num_proc=config.preprocessing_num_workers,
+            remove_columns=remove_columns,
+            load_from_cache_file=not config.overwrite_cache,
+            new_fingerprint=fingerprint(dataset._fingerprint, *key),
+            desc=description,
+        )
 
 
 def group_into_blocks(examples: dict[str, list[list[int]]], block_size: int) -> dict[str, Any]:
@@ -331,7 +335,6 @@ def _csv_record_line(file: Path, index: int) -> str | None:
 
 def silence_libraries() -> None:
     """Keep library progress bars and info logs out of lmctl's own output."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import datasets
     import transformers
 

@@ -18,6 +18,7 @@ import os
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -37,6 +38,7 @@ READ_CHUNK = 1 << 22
 WRITE_ROWS = 1024
 
 IDS_DTYPE = "int32"
+TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
 MASK_DTYPE = "int8"
 
 
@@ -259,9 +261,24 @@ def tokenize_range(job: RangeJob) -> int:
     return count
 
 
-def _one_thread_per_worker() -> None:
-    """Workers are the parallelism: no Rust thread pool inside each of them."""
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+@contextmanager
+def forked_workers() -> Iterator[None]:
+    """While processes are forked: tokenizers stays single-threaded in them.
+
+    A default run tokenizes with the tokenizer's own thread pool. A forked child can't use
+    a pool its parent started, so the children (preprocessing workers, dataloader workers)
+    inherit ``TOKENIZERS_PARALLELISM=false``: they are the parallelism. The setting is the
+    user's again afterwards.
+    """
+    previous = os.environ.get(TOKENIZERS_PARALLELISM)
+    os.environ[TOKENIZERS_PARALLELISM] = "false"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(TOKENIZERS_PARALLELISM, None)
+        else:
+            os.environ[TOKENIZERS_PARALLELISM] = previous
 
 
 def _read_tokens(prefix: str, with_mask: bool) -> Iterator[Encoded]:
@@ -342,8 +359,6 @@ def _run_in_processes(jobs: list[RangeJob]) -> None:
 
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     context = multiprocessing.get_context(method)
-    with ProcessPoolExecutor(
-        max_workers=len(jobs), mp_context=context, initializer=_one_thread_per_worker
-    ) as pool:
+    with forked_workers(), ProcessPoolExecutor(max_workers=len(jobs), mp_context=context) as pool:
         for _ in pool.map(tokenize_range, jobs):
             pass

@@ -16,10 +16,13 @@ from __future__ import annotations
 import logging
 import math
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed
+from lmctl.data.batching import LengthGroupedSampler
+from lmctl.data.tokens import forked_workers
 from lmctl.engine.common import (
     TRACKING_PROJECT,
     EngineResult,
@@ -29,6 +32,7 @@ from lmctl.engine.common import (
 )
 from lmctl.engine.optim import Plan, make_optimizer, make_plan, make_scheduler
 from lmctl.errors import ConfigError
+from lmctl.metrics import predictions_of
 from lmctl.objectives.common import SeededCollator
 from lmctl.run import rundir
 from lmctl.run.signals import StopRequest
@@ -52,8 +56,10 @@ def check(config: TrainConfig) -> None:
 def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult:
     logging.getLogger("accelerate").setLevel(logging.ERROR)
     session = AccelerateRun(prepared, console, stop)
+    workers = prepared.config.dataloader_num_workers
     try:
-        return session.run()
+        with forked_workers() if workers else nullcontext():
+            return session.run()
     finally:
         session.close()
 
@@ -72,7 +78,7 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Any:
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 
-    precision = "bf16" if config.bf16 else "fp16" if config.fp16 else None
+    precision = config.mixed_precision(distributed.native_bf16)
     cpu_only = distributed.world_size() > 1 and not torch.accelerator.is_available()
     try:
         accelerator = Accelerator(
@@ -87,6 +93,7 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Any:
                 use_seedable_sampler=True, data_seed=config.seed, dispatch_batches=False
             ),
             step_scheduler_with_optimizer=False,
+            dynamo_backend="inductor" if config.torch_compile else None,
         )
     except ValueError as exc:
         raise ConfigError(
@@ -418,12 +425,18 @@ class AccelerateRun:
             if train
             else self.prepared.eval_collator
         )
+        lengths = self.prepared.train_lengths if train else None
+        batch_size = (
+            config.per_device_train_batch_size if train else config.per_device_eval_batch_size
+        )
+        window = batch_size * config.gradient_accumulation_steps
         return DataLoader(
             dataset,
-            batch_size=(
-                config.per_device_train_batch_size if train else config.per_device_eval_batch_size
+            batch_size=batch_size,
+            sampler=(
+                None if lengths is None else LengthGroupedSampler(lengths, window, config.seed)
             ),
-            shuffle=train and not isinstance(dataset, IterableDataset),
+            shuffle=train and lengths is None and not isinstance(dataset, IterableDataset),
             collate_fn=collator,
             num_workers=config.dataloader_num_workers,
             pin_memory=torch.cuda.is_available(),
@@ -534,11 +547,14 @@ class AccelerateRun:
             count += int(losses.numel())
             labels = batch.get("labels")
             if labels is not None:
-                logits = acc.pad_across_processes(outputs.logits, dim=1, pad_index=-100)
+                # Argmax first: only integer predictions cross processes, never logits.
+                predictions = predictions_of(outputs.logits)
+                del outputs
+                predictions = acc.pad_across_processes(predictions, dim=1, pad_index=-100)
                 labels = acc.pad_across_processes(labels, dim=1, pad_index=-100)
-                logits, labels = acc.gather_for_metrics((logits, labels))
+                predictions, labels = acc.gather_for_metrics((predictions, labels))
                 if self.is_main:
-                    metrics.update(logits, labels)
+                    metrics.update(predictions, labels)
         self.model.train()
         self._eval_count = count
         results: dict[str, Any] = {"eval_loss": loss_sum / max(count, 1)}

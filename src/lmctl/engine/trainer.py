@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import secrets
+from lmctl.data.tokens import forked_workers
+from lmctl.distributed import native_bf16
 from lmctl.engine.common import (
     TRACKING_PROJECT,
     EngineResult,
@@ -15,6 +18,7 @@ from lmctl.engine.common import (
     StepReporter,
     resolve_resume,
 )
+from lmctl.engine.optim import fused_adamw_available
 from lmctl.errors import ConfigError
 from lmctl.run.signals import StopRequest
 
@@ -58,6 +62,7 @@ def check(config: TrainConfig) -> None:
 def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
     from transformers import TrainingArguments
 
+    precision = config.mixed_precision(native_bf16)
     warmup: float = config.warmup_ratio if config.warmup_ratio is not None else config.warmup_steps
     values: dict[str, Any] = {
         "output_dir": str(run_dir),
@@ -72,8 +77,10 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         "warmup_steps": warmup,
         "max_grad_norm": config.max_grad_norm,
         "seed": config.seed,
-        "bf16": config.bf16,
-        "fp16": config.fp16,
+        "bf16": precision == "bf16",
+        "fp16": precision == "fp16",
+        "optim": "adamw_torch_fused" if fused_adamw_available() else "adamw_torch",
+        "torch_compile": config.torch_compile,
         "dataloader_num_workers": config.dataloader_num_workers,
         "logging_strategy": "steps",
         "logging_steps": config.logging_steps,
@@ -98,6 +105,9 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         # (special-tokens masks, offsets), which are not model arguments.
         "remove_unused_columns": False,
     }
+    if precision == "bf16" and not _has_accelerator():
+        # The Trainer runs bf16 autocast on the CPU only when told the CPU is the device.
+        values["use_cpu"] = True
     values.update(config.training_args)
     if config.streaming:
         # Each rank reads its own shards of the stream (accelerate shards a datasets
@@ -158,6 +168,8 @@ def _make_trainer_class() -> type:
         #: With --streaming, the StreamPosition callback that checkpoints record.
         stream_position: Any = None
         save_total_limit: int | None = None
+        #: Tokens per training sample, to batch samples of similar length together.
+        train_lengths: list[int] | None = None
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -225,6 +237,14 @@ def _make_trainer_class() -> type:
                     self.save_total_limit,
                     protect=[Path(best_checkpoint)] if best_checkpoint else [],
                 )
+
+        def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+            if self.train_lengths is None:
+                return super()._get_train_sampler(train_dataset)
+            from lmctl.data.batching import LengthGroupedSampler
+
+            batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+            return LengthGroupedSampler(self.train_lengths, batch, self.args.seed)
 
         def _save(self, output_dir: str | None = None, state_dict: Any = None) -> None:
             """The Trainer's save, with ``training_args.bin`` written without secrets."""
@@ -366,6 +386,8 @@ def _callback_class() -> type:
 def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult:
     from transformers import PrinterCallback
 
+    from lmctl.metrics import reduce_logits
+
     config = prepared.config
     args = training_arguments(config, prepared.run_dir)
     reporter = StepReporter(console, prepared.run_dir, stop, is_main=args.process_index == 0)
@@ -378,10 +400,12 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
         eval_dataset=prepared.eval_dataset,
         processing_class=prepared.tokenizer,
         compute_metrics=metrics.trainer_hook(),
+        preprocess_logits_for_metrics=reduce_logits,
         callbacks=[_callback_class()(reporter)],
     )
     trainer.eval_collator = prepared.eval_collator
     trainer.save_total_limit = config.save_total_limit
+    trainer.train_lengths = prepared.train_lengths
     trainer.remove_callback(PrinterCallback)
     if config.streaming:
         trainer.stream_position = _stream_position_class()()
@@ -420,7 +444,8 @@ def _train_and_evaluate(
     result = EngineResult()
     if config.do_train:
         checkpoint = resolve_resume(config, prepared.run_dir, console)
-        output = trainer.train(resume_from_checkpoint=checkpoint)
+        with forked_workers() if config.dataloader_num_workers else nullcontext():
+            output = trainer.train(resume_from_checkpoint=checkpoint)
         result.resumed_from = checkpoint
         if stop.requested:
             result.interrupted_at = trainer.state.global_step

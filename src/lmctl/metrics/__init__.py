@@ -12,7 +12,7 @@ from typing import Any
 
 METRICS_DIR = Path(__file__).parent
 
-# (logits, labels) -> (predictions, references), both flat integer arrays of scored positions.
+# (predictions, labels) -> (predictions, references) at the scored positions.
 Selector = Callable[[Any, Any], tuple[Any, Any]]
 
 
@@ -23,44 +23,56 @@ def load_metric(name: str) -> Any:
     return evaluate.load(str(METRICS_DIR / name))
 
 
+def predictions_of(outputs: Any) -> Any:
+    """Argmax predictions of a model's logits (the first of a tuple); integer tensors are
+    taken to be predictions already. Reducing before any gather keeps only one integer per
+    position, never a batch of full-vocabulary logits, once the batch has been scored."""
+    if isinstance(outputs, (tuple, list)):
+        outputs = outputs[0]
+    if outputs.is_floating_point():
+        return outputs.argmax(dim=-1)
+    return outputs
+
+
 class BatchMetrics:
-    """Feeds each evaluation batch's argmax predictions to an ``evaluate`` accuracy module.
+    """Accuracy counted batch by batch with two integers (right, scored), so evaluation
+    memory does not grow with the eval set and nothing is written per batch."""
 
-    Only integer predictions of the current batch are held in memory (the module spills them
-    to its Arrow cache), never the logits of the whole evaluation set.
-    """
-
-    def __init__(self, select: Selector, metric_name: str = "accuracy") -> None:
+    def __init__(self, select: Selector) -> None:
         self.select = select
-        self.metric_name = metric_name
-        self._metric: Any = None
+        self._right = 0
+        self._scored = 0
+        self._updated = False
 
-    def update(self, logits: Any, labels: Any) -> None:
-        if isinstance(logits, (tuple, list)):
-            logits = logits[0]
-        predictions, references = self.select(logits, labels)
-        if self._metric is None:
-            self._metric = load_metric(self.metric_name)
-        self._metric.add_batch(
-            predictions=predictions.detach().cpu().numpy().ravel(),
-            references=references.detach().cpu().numpy().ravel(),
-        )
+    def update(self, outputs: Any, labels: Any) -> None:
+        """Score one batch: logits or the argmax predictions of :func:`predictions_of`."""
+        predictions, references = self.select(predictions_of(outputs), labels)
+        self._right += int((predictions == references).sum())
+        self._scored += int(references.numel())
+        self._updated = True
 
     def compute(self) -> dict[str, float]:
-        if self._metric is None:
+        if not self._updated:
             return {}
-        result = self._metric.compute() or {}
-        self._metric = None
-        return {key: float(value) for key, value in result.items()}
+        accuracy = self._right / self._scored if self._scored else float("nan")
+        self._right = self._scored = 0
+        self._updated = False
+        return {"accuracy": accuracy}
 
     def trainer_hook(self) -> Callable[..., dict[str, float]]:
-        """``compute_metrics`` for a Trainer run with ``batch_eval_metrics=True``."""
+        """``compute_metrics`` for a Trainer run with ``batch_eval_metrics=True`` and
+        ``preprocess_logits_for_metrics=reduce_logits``."""
 
         def compute_metrics(eval_pred: Any, compute_result: bool = False) -> dict[str, float]:
             self.update(eval_pred.predictions, eval_pred.label_ids)
             return self.compute() if compute_result else {}
 
         return compute_metrics
+
+
+def reduce_logits(logits: Any, labels: Any) -> Any:
+    """The Trainer's ``preprocess_logits_for_metrics``: predictions before the gather."""
+    return predictions_of(logits)
 
 
 def perplexity(loss: float) -> float:

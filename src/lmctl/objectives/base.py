@@ -31,6 +31,8 @@ class Objective(ABC):
     config_class: ClassVar[type[TrainConfig]]
     #: Algorithm used by ``--train-tokenizer``.
     tokenizer_algorithm: ClassVar[Literal["bpe", "wordpiece", "unigram"]] = "bpe"
+    #: Whether the model scores labels shifted by one position (causal LMs).
+    shifts_labels: ClassVar[bool] = False
     #: Whether perplexity = exp(eval_loss) is meaningful for this objective.
     reports_perplexity: ClassVar[bool] = True
     #: Architectures to suggest when a model can't be trained for this objective.
@@ -94,6 +96,11 @@ class Objective(ABC):
         console: Console,
     ) -> DatasetDict:
         """Turn raw records into model inputs (tokenize, group, label)."""
+
+    def groups_by_length(self, config: TrainConfig) -> bool:
+        """Whether training batches group samples of similar length (``--group-by-length``;
+        objectives with samples of varied length turn it on when it is unset)."""
+        return bool(config.group_by_length)
 
     @abstractmethod
     def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:

@@ -41,8 +41,8 @@ class ClmConfig(TrainConfig):
     )
 
 
-def _next_token(logits: Any, labels: Any) -> tuple[Any, Any]:
-    predictions = logits.argmax(dim=-1)[:, :-1]
+def _next_token(predictions: Any, labels: Any) -> tuple[Any, Any]:
+    predictions = predictions[:, :-1]
     references = labels[:, 1:]
     scored = references != -100
     return predictions[scored], references[scored]
@@ -50,6 +50,7 @@ def _next_token(logits: Any, labels: Any) -> tuple[Any, Any]:
 
 class Clm(Objective):
     name = "clm"
+    shifts_labels = True
     summary = "Causal language modelling (GPT-2, Llama, ...)"
     task_tag = "text-generation"
     config_class = ClmConfig

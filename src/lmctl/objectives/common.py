@@ -57,6 +57,11 @@ class LineByLineConfig(SequenceConfig):
     )
 
 
+def varied_lengths_group(config: TrainConfig, varied: bool) -> bool:
+    """``--group-by-length`` as given, else on when samples have varied lengths."""
+    return varied if config.group_by_length is None else config.group_by_length
+
+
 def split_source(config: TrainConfig, split: str) -> str:
     """How the user named the data of a split, for error messages."""
     path = config.train_file if split == "train" else config.validation_file
@@ -460,7 +465,7 @@ def _token_bytes(ids: Any) -> bytes:
         return repr(ids).encode()
 
 
-def masked_positions(logits: Any, labels: Any) -> tuple[Any, Any]:
-    """Argmax predictions and labels at the positions that carry a label (not -100)."""
+def masked_positions(predictions: Any, labels: Any) -> tuple[Any, Any]:
+    """Predictions and labels at the positions that carry a label (not -100)."""
     scored = labels != -100
-    return logits.argmax(dim=-1)[scored], labels[scored]
+    return predictions[scored], labels[scored]

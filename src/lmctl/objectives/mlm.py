@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from lmctl.config.base import Problems, TrainConfig
 from lmctl.config.fields import PANEL_OBJECTIVE, option
+from lmctl.distributed import native_bf16
 from lmctl.errors import ConfigError
 from lmctl.models.build import tokenizer_source
 from lmctl.objectives.base import Objective
@@ -22,6 +23,7 @@ from lmctl.objectives.common import (
     pad_features,
     resolve_sequence_length,
     tokenize_texts,
+    varied_lengths_group,
 )
 
 if TYPE_CHECKING:
@@ -133,6 +135,10 @@ class Mlm(Objective):
             offsets=config.whole_word_mask,
         )
 
+    def groups_by_length(self, config: TrainConfig) -> bool:
+        assert isinstance(config, MlmConfig)
+        return varied_lengths_group(config, config.line_by_line and not config.pad_to_max_length)
+
     def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
         from transformers import DataCollatorForLanguageModeling
 
@@ -148,7 +154,7 @@ class Mlm(Objective):
             random_replace_prob=0.0 if whole else 0.1,
         )
         dynamic = config.line_by_line and not config.pad_to_max_length
-        mixed = config.fp16 or config.bf16
+        mixed = config.mixed_precision(native_bf16) is not None
         return PaddedMaskingCollator(masking, tokenizer, 8 if dynamic and mixed else 1)
 
     def eval_collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from lmctl.config.base import Problems, TrainConfig
 from lmctl.config.fields import PANEL_OBJECTIVE, option
+from lmctl.distributed import native_bf16
 from lmctl.errors import ConfigError
 from lmctl.models.build import model_source, tokenizer_source
 from lmctl.objectives.base import Objective
@@ -23,6 +24,7 @@ from lmctl.objectives.common import (
     pad_features,
     resolve_sequence_length,
     tokenize_texts,
+    varied_lengths_group,
 )
 
 if TYPE_CHECKING:
@@ -162,6 +164,10 @@ class Plm(Objective):
         console.info(f"max sequence length: {length} tokens")
         return tokenize_texts(config, raw, tokenizer, length, console)
 
+    def groups_by_length(self, config: TrainConfig) -> bool:
+        assert isinstance(config, PlmConfig)
+        return varied_lengths_group(config, config.line_by_line and not config.pad_to_max_length)
+
     def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
         from transformers import DataCollatorForPermutationLanguageModeling
 
@@ -171,7 +177,8 @@ class Plm(Objective):
             plm_probability=config.plm_probability,
             max_span_length=config.max_span_length,
         )
-        return PermutationCollator(permuting, tokenizer, 8 if config.fp16 or config.bf16 else 2)
+        mixed = config.mixed_precision(native_bf16) is not None
+        return PermutationCollator(permuting, tokenizer, 8 if mixed else 2)
 
     def eval_collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
         return SeededCollator(self.collator(config, tokenizer), config.seed)

@@ -16,10 +16,16 @@ from pydantic import field_validator, model_validator
 from lmctl.config.base import Problems, TrainConfig
 from lmctl.config.fields import PANEL_DATA, PANEL_OBJECTIVE, option
 from lmctl.data.load import cached_map, record_location, tokenizer_fingerprint
+from lmctl.distributed import native_bf16
 from lmctl.errors import ConfigError, DataError
 from lmctl.models.build import tokenizer_source
 from lmctl.objectives.base import Objective
-from lmctl.objectives.common import SequenceConfig, resolve_sequence_length, split_source
+from lmctl.objectives.common import (
+    SequenceConfig,
+    resolve_sequence_length,
+    split_source,
+    varied_lengths_group,
+)
 from lmctl.storage.paths import data_extension
 
 if TYPE_CHECKING:
@@ -171,8 +177,8 @@ def _encode_choices(
     return out
 
 
-def _choice(logits: Any, labels: Any) -> tuple[Any, Any]:
-    return logits.argmax(dim=-1), labels
+def _choice(predictions: Any, labels: Any) -> tuple[Any, Any]:
+    return predictions, labels
 
 
 class Swag(Objective):
@@ -314,6 +320,10 @@ class Swag(Objective):
             )
         return datasets.DatasetDict(processed)
 
+    def groups_by_length(self, config: TrainConfig) -> bool:
+        assert isinstance(config, SwagConfig)
+        return varied_lengths_group(config, not config.pad_to_max_length)
+
     def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
         assert isinstance(config, SwagConfig)
         if config.pad_to_max_length:
@@ -322,7 +332,7 @@ class Swag(Objective):
             return default_data_collator
         from transformers import DataCollatorForMultipleChoice
 
-        mixed = config.fp16 or config.bf16
+        mixed = config.mixed_precision(native_bf16) is not None
         return DataCollatorForMultipleChoice(
             tokenizer=tokenizer, pad_to_multiple_of=8 if mixed else None
         )
