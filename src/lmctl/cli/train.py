@@ -141,6 +141,7 @@ def run_train(
     console: Console,
 ) -> dict[str, Any]:
     from lmctl.config.loader import build_config, dump_config, read_config_file, with_output_dir
+    from lmctl.run.launch import relaunch
     from lmctl.run.rundir import check_output_dir
 
     objective = get_objective(name)
@@ -168,6 +169,7 @@ def run_train(
 
             sys.stdout.write(yaml.safe_dump(resolved, sort_keys=False))
         return {"dry_run": True, "config": resolved}
+    relaunch(config, console)
     if is_main_process():
         check_output_dir(config)
     from lmctl.engine import train

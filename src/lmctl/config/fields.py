@@ -18,6 +18,7 @@ PANEL_TRAINING = "Training"
 PANEL_EVAL = "Evaluation and checkpoints"
 PANEL_OBJECTIVE = "Objective"
 PANEL_PUBLISH = "Publishing"
+PANEL_SCALE = "Processes, sharding and adapters"
 
 
 def option(

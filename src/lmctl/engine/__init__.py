@@ -78,6 +78,15 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         )
     if not main:
         return {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": {}}
+    if config.peft is not None and config.do_train:
+        from lmctl.models import adapters
+
+        # The adapter's run directory also describes the architecture it adapts.
+        prepared.model.config.save_pretrained(run_dir)
+        if config.merge_adapter:
+            adapters.merge_adapter(
+                run_dir, prepared.tokenizer, objective.auto_model_class(), console
+            )
     if result.train_metrics:
         rundir.save_results(run_dir, "train", result.train_metrics)
     if result.eval_metrics:

@@ -214,6 +214,22 @@ def resume_checkpoint(config: TrainConfig) -> Path | None:
     return local_path(checkpoint)
 
 
+#: Per-process RNG state files that both engines write into a checkpoint: the Trainer
+#: ``rng_state.pth`` (one process) or ``rng_state_<rank>.pth``; Accelerate
+#: ``random_states_<rank>.pkl``.
+RNG_STATE_FILE = re.compile(r"^(?:rng_state(?:_(\d+))?\.pth|random_states_(\d+)\.pkl)$")
+
+
+def checkpoint_world_size(path: Path) -> int | None:
+    """How many processes wrote ``path``: one RNG state file each (None if it has none)."""
+    ranks = set()
+    for file in path.iterdir():
+        match = RNG_STATE_FILE.match(file.name)
+        if match:
+            ranks.add(int(match.group(1) or match.group(2) or 0))
+    return len(ranks) or None
+
+
 def read_checkpoint_state(path: Path) -> dict[str, Any]:
     state: dict[str, Any] = json.loads((path / STATE_FILE).read_text())
     return state
