@@ -35,7 +35,11 @@ def training_args(
 ) -> list[str]:
     train, valid = data
     model = TINY_GPT2 if objective == "clm" else TINY_BERT
-    shape = ("--block-size", "32") if objective == "clm" else ("--line-by-line", "--max-seq-length", "32")  # fmt: skip
+    shape = (
+        ("--block-size", "32")
+        if objective == "clm"
+        else ("--line-by-line", "--max-seq-length", "32")
+    )
     return [
         "train", objective, *model, "--tokenizer", str(tokenizer), "--train-file", str(train),
         "--validation-file", str(valid), *shape, "--max-steps", "10",
@@ -57,6 +61,7 @@ def test_two_processes_train_one_model_on_disjoint_data(
     engine: str,
     launcher: str,
     objective: str,
+    *,
     bpe_tokenizer: Path,
     wordpiece_tokenizer: Path,
     unique_lines: tuple[Path, Path],
@@ -91,7 +96,10 @@ def test_nproc_runs_the_launcher_command_it_prints(
     bpe_tokenizer: Path, unique_lines: tuple[Path, Path], tmp_path: Path
 ) -> None:
     first = tmp_path / "first"
-    proc = run(lmctl_command(*training_args("clm", bpe_tokenizer, unique_lines, first), "--nproc", "2"), tmp_path)  # fmt: skip
+    proc = run(
+        lmctl_command(*training_args("clm", bpe_tokenizer, unique_lines, first), "--nproc", "2"),
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     shown = next(line for line in proc.stderr.splitlines() if "running: " in line)
     command = shlex.split(shown.split("running: ", 1)[1])
@@ -118,7 +126,9 @@ def test_two_processes_equal_one_with_accumulation(
     args = training_args("clm", bpe_tokenizer, unique_lines, two)
     proc = run(lmctl_command(*args, "--nproc", "2"), tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    args = training_args("clm", bpe_tokenizer, unique_lines, one, "--gradient-accumulation-steps", "2")  # fmt: skip
+    args = training_args(
+        "clm", bpe_tokenizer, unique_lines, one, "--gradient-accumulation-steps", "2"
+    )
     proc = run(lmctl_command(*args), tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     loss_two, loss_one = results(two)["eval_loss"], results(one)["eval_loss"]
@@ -132,7 +142,9 @@ def test_a_signal_to_one_rank_stops_both_at_the_same_step(
 ) -> None:
     out, seen = tmp_path / "run", tmp_path / "seen"
     seen.mkdir()
-    args = training_args("clm", bpe_tokenizer, unique_lines, out, "--engine", engine, "--save-steps", "100")  # fmt: skip
+    args = training_args(
+        "clm", bpe_tokenizer, unique_lines, out, "--engine", engine, "--save-steps", "100"
+    )
     args[args.index("--max-steps") + 1] = "200"
     proc = start(lmctl_command(*args, "--nproc", "2"), tmp_path,
                  {"LMCTL_RECORD_DIR": str(seen), "LMCTL_STEP_DELAY": "0.1"})  # fmt: skip
