@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
+import subprocess
 import sys
+import tempfile
+from contextlib import suppress
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lmctl.config.fields import flag_name
-from lmctl.distributed import launched
-from lmctl.errors import ConfigError
+from lmctl.distributed import is_main_process, launched
+from lmctl.errors import ConfigError, Delegated
 
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
@@ -22,6 +27,8 @@ if TYPE_CHECKING:
 
 #: Options that say how to launch; the launched processes get the command without them.
 LAUNCH_FIELDS = ("nproc", "nnodes", "node_rank", "master_addr", "master_port", "launcher")
+#: Where the launched main process writes its exit code for the process that launched it.
+EXIT_FILE_ENV = "LMCTL_EXIT_FILE"
 #: The port of the first machine when --nnodes is above 1 and --master-port is not given.
 DEFAULT_PORT = 29500
 
@@ -69,17 +76,43 @@ def without_launch_options(arguments: list[str]) -> list[str]:
 
 
 def relaunch(config: TrainConfig, console: Console) -> None:
-    """With ``--nproc``, outside a launcher: show the launcher command and become it."""
+    """With ``--nproc``, outside a launcher: show the launcher command, run it, and pass on
+    the exit code of the run's main process (a launcher exits 1 whenever a process fails,
+    whatever for) by raising :class:`Delegated`."""
     if config.nproc is None or launched():
         return
     command = launcher_command(config, sys.argv[1:])
     console.info("running: " + shlex.join(command))
     sys.stdout.flush()
     sys.stderr.flush()
+    handle, exit_file = tempfile.mkstemp(prefix="lmctl-exit-")
+    os.close(handle)
     try:
-        os.execv(command[0], command)
-    except OSError as exc:
-        raise ConfigError(
-            f"--nproc {config.nproc}: cannot start the launcher ({exc})",
-            "run the command above yourself",
-        ) from exc
+        try:
+            launcher = subprocess.Popen(command, env={**os.environ, EXIT_FILE_ENV: exit_file})
+        except OSError as exc:
+            raise ConfigError(
+                f"--nproc {config.nproc}: cannot start the launcher ({exc})",
+                "run the command above yourself",
+            ) from exc
+        # SIGTERM to this process goes on to the launcher, which passes it to every process;
+        # Ctrl-C reaches them all from the terminal already.
+        previous = signal.signal(signal.SIGTERM, lambda *_: launcher.send_signal(signal.SIGTERM))
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            code = launcher.wait()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, interrupt)
+        reported = Path(exit_file).read_text().strip()
+    finally:
+        Path(exit_file).unlink(missing_ok=True)
+    raise Delegated(int(reported) if reported.isdigit() else code)
+
+
+def report_exit_code(code: int) -> None:
+    """In the main process of a run started by :func:`relaunch`: record its exit code."""
+    exit_file = os.environ.get(EXIT_FILE_ENV)
+    if exit_file and is_main_process():
+        with suppress(OSError):
+            Path(exit_file).write_text(f"{int(code)}\n")
