@@ -102,3 +102,44 @@ def test_peft_adapts_a_pretrained_model_only(tmp_path: Path) -> None:
         "--peft", "lora", "--dry-run",
     )  # fmt: skip
     assert_clean_failure(proc, 2, "--peft lora adapts a pretrained model")
+
+
+@pytest.mark.parametrize("objective", ["mlm", "swag"])
+def test_lora_on_bert_adapts_attention_and_trains_a_new_head(
+    objective: str, tmp_path: Path
+) -> None:
+    """peft's default targets for the BERT family; the multiple-choice classifier, absent
+    from a pretrained checkpoint, trains in full beside the adapter."""
+    from transformers import BertConfig, BertForMaskedLM, BertForMultipleChoice
+
+    from lmctl.config.loader import build_config
+    from lmctl.console import Console, OutputOptions
+    from lmctl.models.adapters import apply_lora, new_modules
+    from lmctl.objectives import get_objective
+
+    bert = BertConfig(
+        vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64,
+    )  # fmt: skip
+    model = BertForMaskedLM(bert) if objective == "mlm" else BertForMultipleChoice(bert)
+    missing = [] if objective == "mlm" else ["classifier.weight", "classifier.bias"]
+    assert new_modules(missing, model) == ([] if objective == "mlm" else ["classifier"])
+    (tmp_path / "model").mkdir()
+    train = tmp_path / ("a.txt" if objective == "mlm" else "a.jsonl")
+    train.write_text("hello\n")
+    config = build_config(
+        get_objective(objective).config_class,
+        cli_values={
+            "model_name_or_path": str(tmp_path / "model"),
+            "train_file": str(train),
+            "peft": "lora",
+            "lora_r": 2,
+            "do_eval": False,
+        },
+    )
+    adapted = apply_lora(config, model, missing, Console(OutputOptions(quiet=True)))
+    trainable = {name for name, p in adapted.named_parameters() if p.requires_grad}
+    assert trainable
+    assert all("lora_" in name or "classifier" in name for name in trainable), trainable
+    assert any(".query." in name for name in trainable)
+    assert any("classifier" in name for name in trainable) == (objective == "swag")

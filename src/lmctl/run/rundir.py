@@ -307,7 +307,8 @@ def write_model_card(
     base_model = config.model_name_or_path
     datasets = [config.dataset_name] if config.dataset_name else []
     metadata: dict[str, Any] = {
-        "library_name": "transformers",
+        # An adapter run publishes a peft adapter (with its merged weights in merged/).
+        "library_name": "peft" if config.peft else "transformers",
         "pipeline_tag": objective.task_tag,
         "tags": ["lmctl", *objective.model_card_tags()],
     }
@@ -335,6 +336,17 @@ def write_model_card(
         f"A {objective.summary.lower()} model {origin} on {data or 'the given data'} "
         f"with [lmctl](https://pypi.org/project/lmctl/) {__version__} (`{engine}` engine)."
     )
+    if config.peft:
+        lines.append("")
+        lines.append(
+            f"This repository holds a LoRA adapter (r {config.lora_r}, alpha {config.lora_alpha}):"
+            f" load it with `peft.PeftModel.from_pretrained(base_model, ...)`"
+            + (
+                "; `merged/` holds the adapter merged into full weights."
+                if config.merge_adapter
+                else "."
+            )
+        )
     if resumed:
         lines.append("")
         lines.append("Training was interrupted and resumed from a checkpoint with `lmctl resume`.")
@@ -366,6 +378,9 @@ def write_model_card(
         "warmup_steps",
         "weight_decay",
         "seed",
+        "deepspeed",
+        "fsdp",
+        "peft",
     ):
         lines.append(f"| {key} | {getattr(config, key)} |")
     lines += ["", "## Framework versions", ""]
