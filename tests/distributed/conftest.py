@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,30 @@ TINY_BERT = (
     "num_hidden_layers=2,hidden_size=32,num_attention_heads=2,intermediate_size=64",
 )  # fmt: skip
 LAUNCH_TIMEOUT = 300
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[1]) == pid:
+            found.append(int(entry.name))
+            found.extend(descendants(int(entry.name)))
+    return found
+
+
+def kill_tree(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the launch and everything it started (a launcher may start its workers in
+    sessions of their own, out of reach of the process group)."""
+    for pid in [*descendants(proc.pid), proc.pid]:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -57,7 +82,7 @@ def finish(
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every process it started
+        kill_tree(proc)
         stdout, stderr = proc.communicate()
         pytest.fail(f"the processes did not finish in {timeout} s:\n{stderr[-4000:]}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
@@ -83,10 +108,10 @@ def kill_when(
             _, stderr = proc.communicate()
             pytest.fail(f"the run ended before it could be killed:\n{stderr[-4000:]}")
         if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc)
             pytest.fail("the run never reached the point to kill it at")
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
+    kill_tree(proc)
     proc.communicate()
 
 

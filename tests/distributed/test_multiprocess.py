@@ -17,6 +17,7 @@ from tests.distributed.conftest import (
     RECORDER,
     TINY_BERT,
     TINY_GPT2,
+    descendants,
     finish,
     lmctl_command,
     max_difference,
@@ -151,7 +152,7 @@ def test_a_signal_to_one_rank_stops_both_at_the_same_step(
     deadline = time.monotonic() + 300
     while len(records(seen, 1)) < 12 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    pids = [p for p in _children(proc.pid) if _rank_of(p) == "1"]
+    pids = [p for p in descendants(proc.pid) if _rank_of(p) == "1"]
     assert pids, "no rank-1 process found"
     os.kill(pids[0], signal.SIGTERM)  # one rank only: the launcher and rank 0 are not told
     done = finish(proc)
@@ -171,22 +172,6 @@ def test_a_non_finite_loss_on_one_rank_stops_both(
     proc = run(lmctl_command(*args, "--nproc", "2"), tmp_path, {"LMCTL_NAN_RANK": "1"})
     assert proc.returncode == 4, proc.stderr[-4000:]
     assert "loss is nan" in proc.stderr.lower()
-
-
-def _children(pid: int) -> list[int]:
-    """Every process below ``pid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(stat[1]) == pid:
-            found.append(int(entry.name))
-            found.extend(_children(int(entry.name)))
-    return found
 
 
 def _rank_of(pid: int) -> str | None:

@@ -65,15 +65,17 @@ def test_uneven_stream_on_two_ranks_completes_and_resumes_per_rank(
     assert results(full)["eval_samples"] > 0
     rows = [records(seen_full, 0), records(seen_full, 1)]
     assert len(rows[0]) == len(rows[1]) == 24 * 8
-    assert not set(rows[0]) & set(rows[1]), "both ranks read the same example"
+    # (That the ranks and their workers read disjoint shards is checked line by line in
+    # test_streaming_cli.py::test_trainer_ranks_read_disjoint_shards; blocks of this
+    # repetitive text can coincide.)
     # The data ran out and started over at least once: passes end on both ranks together.
     assert len(set(rows[0])) < len(rows[0])
 
     killed, seen_killed = tmp_path / "killed", tmp_path / "seen-killed"
     seen_killed.mkdir()
-    slow = {"LMCTL_RECORD_DIR": str(seen_killed), "LMCTL_STEP_DELAY": "0.3"}
+    slow = {"LMCTL_RECORD_DIR": str(seen_killed), "LMCTL_STEP_DELAY": "1"}
     proc = start(lmctl_command(*_args(bpe_tokenizer, uneven_files, killed, engine)), tmp_path, slow)
-    kill_when(proc, lambda: rundir.latest_checkpoint(killed) is not None)
+    kill_when(proc, (killed / "checkpoint-12").is_dir)
     checkpoint = rundir.latest_checkpoint(killed)
     assert checkpoint is not None
     step = rundir.checkpoint_step(checkpoint)
