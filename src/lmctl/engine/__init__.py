@@ -13,9 +13,9 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl.distributed import is_main_process
-from lmctl.engine.common import NonFiniteLoss
-from lmctl.errors import Interrupted, TrainingFailed
+from lmctl.distributed import is_main_process, world_size
+from lmctl.engine.common import NonFiniteLoss, check_world_size
+from lmctl.errors import ConfigError, Interrupted, TrainingFailed
 from lmctl.metrics import perplexity
 from lmctl.run import rundir
 from lmctl.run.resume import resume_command
@@ -26,6 +26,19 @@ if TYPE_CHECKING:
     from lmctl.console import Console
     from lmctl.objectives.base import Objective
 
+
+def check_processes(config: TrainConfig) -> None:
+    """Before any work: sharding needs several processes, and a checkpoint continues only on
+    the number of processes that saved it."""
+    if config.resume_from_checkpoint not in (None, "auto"):
+        check_world_size(Path(config.resume_from_checkpoint))
+    if config.fsdp and config.do_train and world_size() == 1:
+        raise ConfigError(
+            "--fsdp shards the model over several processes; this run has one",
+            "add --nproc N (or start it with a launcher), or drop --fsdp",
+        )
+
+
 ENGINES: dict[str, str] = {
     "trainer": "lmctl.engine.trainer",
     "accelerate": "lmctl.engine.accelerate",
@@ -35,6 +48,7 @@ ENGINES: dict[str, str] = {
 def train(config: TrainConfig, objective: Objective, console: Console) -> dict[str, Any]:
     from lmctl.pipeline import prepare
 
+    check_processes(config)
     main = is_main_process()
     publication = None
     if config.push_to is not None and main:
