@@ -48,6 +48,7 @@ def test_upstream_json_args_file(tmp_path: Path, data: dict[str, str]) -> None:
         "max_steps": -1,
         "gradient_checkpointing": True,
         "use_slow_tokenizer": True,
+        "fsdp": "full_shard auto_wrap",
     }
     path = tmp_path / "args.json"
     path.write_text(json.dumps(args))
@@ -55,7 +56,9 @@ def test_upstream_json_args_file(tmp_path: Path, data: dict[str, str]) -> None:
     assert config.do_eval is False  # "False" means false (upstream type=bool defect avoided)
     assert config.max_steps is None
     assert config.use_fast_tokenizer is False
-    assert config.training_args == {"gradient_checkpointing": True}
+    assert config.gradient_checkpointing is True  # a first-class option now
+    assert (config.fsdp, config.fsdp_sharding, config.fsdp_auto_wrap) == (True, "full", True)
+    assert config.training_args == {}
 
 
 def test_unknown_key_did_you_mean(tmp_path: Path, data: dict[str, str]) -> None:

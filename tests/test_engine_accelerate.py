@@ -383,7 +383,7 @@ def test_streaming_resumes_exactly_across_passes(
     assert last_training_loss(crashed) == pytest.approx(last_training_loss(full), abs=1e-4)
 
 
-@pytest.mark.slow
+@pytest.mark.distributed
 def test_two_processes_on_cpu_train_together_and_resume(
     bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -138,7 +138,7 @@ def test_concurrent_processes_prepare_once(tmp_path: Path, bpe_tokenizer: Path) 
     assert "waiting for it" in other or "reusing prepared data" in other
 
 
-@pytest.mark.slow
+@pytest.mark.distributed
 def test_trainer_ranks_read_disjoint_shards(tmp_path: Path) -> None:
     """Two DDP ranks (torchrun, CPU) with two dataloader workers each: every rank trains on
     lines from its own shards only, and no line twice."""
@@ -149,7 +149,7 @@ def test_trainer_ranks_read_disjoint_shards(tmp_path: Path) -> None:
     lines = 4000
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"w{n}\n" for n in range(lines)))
-    probe = Path(__file__).with_name("distributed_stream_probe.py")
+    probe = Path(__file__).parent / "distributed" / "stream_probe.py"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
          str(probe), str(corpus), str(tmp_path), str(lines)],

@@ -7,6 +7,8 @@ main process checks and writes the run directory and prints progress.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 
 def rank() -> int:
@@ -32,3 +34,68 @@ def native_bf16() -> bool:
     cpu = torch.cpu
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def launched() -> bool:
+    """Whether a launcher (torchrun, accelerate launch, a cluster's own) started this process."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+class EvenBatches:
+    """An iterable of batches that ends on every process together: one small all-reduce per
+    batch, so that no process runs out of data and leaves the others blocked in a collective.
+
+    Streams split by shards give each process a different number of examples; iteration
+    stops as soon as any process has no batch left, and the last batch is cut to the
+    smallest size on any process (gathered results must have the same shape everywhere).
+    Attributes of the wrapped loader (``dataset``, ``batch_size``, ...) stay reachable.
+    """
+
+    def __init__(self, batches: Any, device: Any) -> None:
+        self.batches = batches
+        self.device = device
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["batches"], name)
+
+    def __iter__(self) -> Iterator[Any]:
+        iterator = iter(self.batches)
+        try:
+            while True:
+                batch = next(iterator, None)
+                size = 0 if batch is None else batch_rows(batch)
+                common = agreed_minimum(size, self.device)
+                if common == 0:
+                    return
+                yield batch if common == size else cut_rows(batch, size, common)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+
+
+def agreed_minimum(value: int, device: Any) -> int:
+    """The smallest ``value`` over every process (every process must call this)."""
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return int(tensor.item())
+
+
+def batch_rows(batch: Any) -> int:
+    first = next(iter(batch.values())) if isinstance(batch, dict) else batch
+    return int(first.shape[0])
+
+
+def cut_rows(batch: Any, size: int, keep: int) -> Any:
+    """The first ``keep`` rows of every per-example tensor of ``batch``."""
+    return {
+        key: value[:keep] if getattr(value, "shape", None) and value.shape[0] == size else value
+        for key, value in batch.items()
+    }

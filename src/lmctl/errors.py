@@ -77,3 +77,12 @@ class PermissionDenied(LmctlError):
 
 class Interrupted(LmctlError):
     exit_code = ExitCode.INTERRUPTED
+
+
+class Delegated(Exception):
+    """The command ran in the processes of a launcher (``--nproc``), which reported its
+    outcome themselves; this process only passes their exit code on."""
+
+    def __init__(self, exit_code: int) -> None:
+        super().__init__(f"exit code {exit_code}")
+        self.exit_code = exit_code

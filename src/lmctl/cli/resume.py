@@ -109,7 +109,9 @@ def run_resume(
     dry_run: bool,
     console: Console,
 ) -> dict[str, Any]:
+    from lmctl.distributed import is_main_process
     from lmctl.run import rundir
+    from lmctl.run.launch import relaunch
     from lmctl.run.resume import plan_resume, refuse_fixed_options
 
     refuse_fixed_options(forbidden, str(run_dir))
@@ -121,16 +123,19 @@ def run_resume(
 
             sys.stdout.write(yaml.safe_dump(described, sort_keys=False))
         return {"dry_run": True, **described}
+    relaunch(plan.config, console)
     console.info(f"resuming {run_dir} from {plan.checkpoint.name} (step {plan.step})")
-    rundir.append_metrics(
-        run_dir, {"event": "resume", "step": plan.step, "checkpoint": plan.checkpoint.name}
-    )
+    if is_main_process():
+        rundir.append_metrics(
+            run_dir, {"event": "resume", "step": plan.step, "checkpoint": plan.checkpoint.name}
+        )
     from lmctl.cli.train import headline
     from lmctl.engine import train
 
     result = train(plan.config, plan.objective, console)
-    shown = headline(result["metrics"], result["output_dir"])
-    console.summary(f"lmctl resume: {result['output_dir']}", shown)
+    if is_main_process():
+        shown = headline(result["metrics"], result["output_dir"])
+        console.summary(f"lmctl resume: {result['output_dir']}", shown)
     return {"resumed_from": str(plan.checkpoint), **result}
 
 

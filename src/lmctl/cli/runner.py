@@ -14,7 +14,8 @@ import typer
 from lmctl import secrets
 from lmctl.console import Console, OutputOptions
 from lmctl.distributed import is_main_process
-from lmctl.errors import ExitCode, LmctlError
+from lmctl.errors import Delegated, ExitCode, Interrupted, LmctlError, TrainingFailed
+from lmctl.run.launch import report_exit_code
 from lmctl.run.signals import sigterm_as_interrupt
 
 
@@ -36,10 +37,14 @@ def run_command(
     payload: dict[str, Any] | None = None
     try:
         payload = body(console)
+    except Delegated as exc:
+        raise typer.Exit(exc.exit_code) from None  # the launched processes reported it all
     except LmctlError as exc:
         console.stop_progress()
         code = exc.exit_code
-        console.error(exc.message, exc.hint)
+        if is_main_process() or not isinstance(exc, (Interrupted, TrainingFailed)):
+            # Every process stops together; the main one says why, once.
+            console.error(exc.message, exc.hint)
         payload = {"error": exc.message, "hint": exc.hint, **exc.details}
         _maybe_traceback()
     except KeyboardInterrupt:
@@ -61,6 +66,7 @@ def run_command(
         console.result(
             {"status": status, "exit_code": int(code), "command": command, **(payload or {})}
         )
+    report_exit_code(code)
     if code != ExitCode.OK:
         raise typer.Exit(int(code))
 

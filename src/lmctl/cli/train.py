@@ -157,6 +157,7 @@ def run_train(
     dry_run: bool,
     console: Console,
 ) -> dict[str, Any]:
+    from lmctl.run.launch import relaunch
     from lmctl.run.rundir import check_output_dir
 
     objective = get_objective(name)
@@ -170,6 +171,7 @@ def run_train(
 
             sys.stdout.write(yaml.safe_dump(resolved, sort_keys=False))
         return {"dry_run": True, "config": resolved}
+    relaunch(config, console)
     if is_main_process():
         check_output_dir(config)
     from lmctl.engine import train

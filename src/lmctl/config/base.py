@@ -28,6 +28,7 @@ from lmctl.config.fields import (
     PANEL_EVAL,
     PANEL_MODEL,
     PANEL_PUBLISH,
+    PANEL_SCALE,
     PANEL_TRAINING,
     flag_name,
     option,
@@ -51,6 +52,10 @@ Strategy = Literal["no", "steps", "epoch"]
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Engine = Literal["trainer", "accelerate"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
+FsdpSharding = Literal["full", "hybrid", "grad-op"]
+Launcher = Literal["torchrun", "accelerate"]
+#: ``--deepspeed`` values that name a config shipped with lmctl (ZeRO stage 1, 2 or 3).
+DEEPSPEED_STAGES = ("1", "2", "3")
 #: ``training_args`` keys (TrainingArguments fields) that the accelerate engine honours too.
 ACCELERATE_TRAINING_ARGS = frozenset(
     {"adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler_kwargs"}
@@ -61,6 +66,17 @@ SCHEDULER_KWARGS = {
     "warmup_stable_decay": ("num_decay_steps",),
 }
 _OVERRIDE_ITEM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=[^,=]*$")
+
+
+def _require_package(problems: Problems, package: str, flag: str) -> None:
+    """An optional extra that a flag needs; found without importing it."""
+    from importlib.util import find_spec
+
+    if find_spec(package) is None:
+        problems.add(
+            f"{flag} needs the {package} package, which is not installed",
+            f"pip install 'lmctl[{package}]'",
+        )
 
 
 class Problems:
@@ -358,6 +374,87 @@ class TrainConfig(StrictModel):
         False, "Create the Hub repository of --push-to as private.", panel=PANEL_PUBLISH
     )
 
+    # Processes, sharding and adapters
+    nproc: int | None = option(
+        None,
+        "Run on N processes of this machine: re-runs the same command under the launcher "
+        "(--launcher), printing the equivalent launcher command first.",
+        panel=PANEL_SCALE,
+        gt=0,
+    )
+    nnodes: int = option(1, "Machines taking part (with --nproc).", panel=PANEL_SCALE, gt=0)
+    node_rank: int = option(
+        0, "This machine's rank among --nnodes (0 on the first).", panel=PANEL_SCALE, ge=0
+    )
+    master_addr: str | None = option(
+        None,
+        "Address of the machine of --node-rank 0 (needed with --nnodes above 1).",
+        panel=PANEL_SCALE,
+    )
+    master_port: int | None = option(
+        None, "Port on --master-addr for the process group.", panel=PANEL_SCALE, gt=0, lt=65536
+    )
+    launcher: Launcher = option(
+        "torchrun",
+        "Launcher that --nproc runs: torchrun (python -m torch.distributed.run) or accelerate "
+        "(accelerate launch).",
+        panel=PANEL_SCALE,
+    )
+    deepspeed: str | None = option(
+        None,
+        "DeepSpeed ZeRO: a DeepSpeed config JSON file, or 1, 2 or 3 for the shipped config of "
+        "that stage ('auto' values filled from the flags). Needs lmctl[deepspeed].",
+        panel=PANEL_SCALE,
+    )
+    fsdp: bool = option(
+        False, "Shard the model with PyTorch FSDP (version 2, fully_shard).", panel=PANEL_SCALE
+    )
+    fsdp_sharding: FsdpSharding = option(
+        "full",
+        "With --fsdp: shard parameters, gradients and optimizer state (full), full sharding "
+        "inside a node and replication across nodes (hybrid), or gradients and optimizer "
+        "state only (grad-op).",
+        panel=PANEL_SCALE,
+    )
+    fsdp_auto_wrap: bool = option(
+        False,
+        "With --fsdp: shard each transformer layer separately (the model's own layer classes).",
+        panel=PANEL_SCALE,
+    )
+    fsdp_cpu_offload: bool = option(
+        False, "With --fsdp: keep parameters and gradients in CPU memory.", panel=PANEL_SCALE
+    )
+    gradient_checkpointing: bool = option(
+        False,
+        "Recompute activations in the backward pass: less memory, about a third more compute.",
+        panel=PANEL_SCALE,
+    )
+    peft: Literal["lora"] | None = option(
+        None,
+        "Parameter-efficient fine-tuning: train a LoRA adapter instead of every weight. "
+        "Needs lmctl[peft].",
+        panel=PANEL_SCALE,
+    )
+    lora_r: int = option(8, "With --peft lora: the adapter's rank.", panel=PANEL_SCALE, gt=0)
+    lora_alpha: int = option(
+        16, "With --peft lora: the scaling numerator (scale = alpha / r).", panel=PANEL_SCALE, gt=0
+    )
+    lora_dropout: float = option(
+        0.05, "With --peft lora: dropout on the adapter's input.", panel=PANEL_SCALE, ge=0, lt=1
+    )
+    lora_target_modules: list[str] = option(
+        [],
+        "With --peft lora: module names to adapt, repeatable (default: the attention "
+        "projections of the architecture family, e.g. c_attn for GPT-2, query/value for BERT).",
+        panel=PANEL_SCALE,
+    )
+    merge_adapter: bool = option(
+        False,
+        "With --peft lora: also write the adapter merged into full weights (merged/ in the run "
+        "directory), loadable by plain transformers.",
+        panel=PANEL_SCALE,
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _upstream_sentinels(cls, data: Any) -> Any:
@@ -416,6 +513,14 @@ class TrainConfig(StrictModel):
             else name
             for name in value
         ]
+
+    @field_validator("deepspeed")
+    @classmethod
+    def _absolute_deepspeed_file(cls, value: str | None) -> str | None:
+        """A DeepSpeed config file is recorded by its absolute path, for resume from anywhere."""
+        if value is None or value in DEEPSPEED_STAGES or not local_path(value).is_file():
+            return value
+        return str(local_path(value).resolve())
 
     @model_validator(mode="after")
     def _cross_field_rules(self, info: ValidationInfo) -> TrainConfig:
@@ -527,6 +632,7 @@ class TrainConfig(StrictModel):
                     f"(it takes {', '.join(sorted(ACCELERATE_TRAINING_ARGS))})",
                     "remove them, or use --engine trainer",
                 )
+        self._check_scale(problems)
         if not (self.do_train or self.do_eval):
             problems.add("nothing to do: both training and evaluation are off", "drop --no-train")
         if self.push_to is not None:
@@ -547,6 +653,63 @@ class TrainConfig(StrictModel):
                 problems.add(
                     f"--resume-from-checkpoint {ckpt}: no such directory",
                     "give a checkpoint directory, or 'auto' for the newest in --output-dir",
+                )
+
+    def _changed(self, name: str) -> bool:
+        return bool(getattr(self, name) != type(self).model_fields[name].default)
+
+    def _check_scale(self, problems: Problems) -> None:
+        """Launcher, sharding and adapter rules (see ``lmctl.run.launch`` and the engines)."""
+        if self.nproc is None:
+            for name in ("nnodes", "node_rank", "master_addr", "master_port"):
+                if self._changed(name):
+                    problems.add(
+                        f"{flag_name(name)} only applies with --nproc",
+                        "add --nproc N (processes per machine), or drop it",
+                    )
+        if self.nnodes > 1 and self.master_addr is None:
+            problems.add(
+                f"--nnodes {self.nnodes} needs --master-addr",
+                "give the address of the machine started with --node-rank 0",
+            )
+        if self.node_rank >= self.nnodes:
+            problems.add(
+                f"--node-rank {self.node_rank} is not below --nnodes {self.nnodes}",
+                "number the machines 0 .. nnodes-1",
+            )
+        if self.deepspeed is not None:
+            if self.fsdp:
+                problems.add(
+                    "--deepspeed and --fsdp can't be used together", "choose one way to shard"
+                )
+            if self.deepspeed not in DEEPSPEED_STAGES and not local_path(self.deepspeed).is_file():
+                problems.add(
+                    f"--deepspeed {self.deepspeed}: no such file, and not a ZeRO stage",
+                    "give a DeepSpeed config .json file, or 1, 2 or 3 for a shipped one",
+                )
+        if self.deepspeed is not None or "deepspeed" in self.training_args:
+            _require_package(problems, "deepspeed", "--deepspeed")
+        if self.fsdp and self.fsdp_sharding == "hybrid" and self.engine == "accelerate":
+            problems.add(
+                "--fsdp-sharding hybrid is not available with --engine accelerate",
+                "use --engine trainer, or --fsdp-sharding full",
+            )
+        if not self.fsdp:
+            for name in ("fsdp_sharding", "fsdp_auto_wrap", "fsdp_cpu_offload"):
+                if self._changed(name):
+                    problems.add(f"{flag_name(name)} needs --fsdp", "add --fsdp, or drop it")
+        if self.peft is None:
+            for name in ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"):
+                if self._changed(name):
+                    problems.add(f"{flag_name(name)} needs --peft lora", "add --peft lora")
+            if self.merge_adapter:
+                problems.add("--merge-adapter needs --peft lora", "add --peft lora")
+        else:
+            _require_package(problems, "peft", "--peft")
+            if self.model_name_or_path is None and problems.command != "prepare":
+                problems.add(
+                    "--peft lora adapts a pretrained model",
+                    "give --model-name-or-path, or train every weight (drop --peft)",
                 )
 
     def _check_schedule(self, problems: Problems) -> None:

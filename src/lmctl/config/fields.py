@@ -19,6 +19,7 @@ PANEL_EVAL = "Evaluation and checkpoints"
 PANEL_OBJECTIVE = "Objective"
 PANEL_PUBLISH = "Publishing"
 PANEL_HUB = "Hub (hf://)"
+PANEL_SCALE = "Processes, sharding and adapters"
 PANEL_OUTPUT = "Output"
 #: Help panels in the order a user fills them in; panels not listed come before Output.
 PANEL_ORDER = (
@@ -26,6 +27,7 @@ PANEL_ORDER = (
     PANEL_DATA,
     PANEL_OBJECTIVE,
     PANEL_TRAINING,
+    PANEL_SCALE,
     PANEL_EVAL,
     PANEL_PUBLISH,
     PANEL_HUB,

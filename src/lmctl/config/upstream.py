@@ -149,7 +149,13 @@ def translate_upstream(
     unknown: list[str] = []
     for raw_key, value in data.items():
         key = raw_key.replace("-", "_")
-        if key in RENAMED_KEYS:
+        if key == "fsdp" and isinstance(value, (str, list)):
+            flags = fsdp_flags(value)
+            if flags is None:
+                passthrough[key] = value
+            else:
+                fields.update(flags)
+        elif key in RENAMED_KEYS:
             target, convert = RENAMED_KEYS[key]
             fields[target] = convert(value) if convert else value
         elif key in known_fields:
@@ -161,3 +167,24 @@ def translate_upstream(
         else:
             unknown.append(raw_key)
     return fields, passthrough, unknown
+
+
+#: Words of the Trainer's ``fsdp`` option string -> lmctl's FSDP fields.
+FSDP_WORDS: dict[str, tuple[str, Any]] = {
+    "full_shard": ("fsdp_sharding", "full"),
+    "hybrid_shard": ("fsdp_sharding", "hybrid"),
+    "shard_grad_op": ("fsdp_sharding", "grad-op"),
+    "auto_wrap": ("fsdp_auto_wrap", True),
+    "offload": ("fsdp_cpu_offload", True),
+}
+
+
+def fsdp_flags(value: str | list[str]) -> dict[str, Any] | None:
+    """``fsdp: "full_shard auto_wrap"`` as lmctl's fields; None for a combination they do not
+    express (it is passed to the Trainer as it is)."""
+    words = value.split() if isinstance(value, str) else [str(word) for word in value]
+    if not words:
+        return {"fsdp": False}
+    if any(word not in FSDP_WORDS for word in words):
+        return None
+    return {"fsdp": True, **dict(FSDP_WORDS[word] for word in words)}

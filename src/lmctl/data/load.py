@@ -335,6 +335,12 @@ def _csv_record_line(file: Path, index: int) -> str | None:
 
 def silence_libraries() -> None:
     """Keep library progress bars and info logs out of lmctl's own output."""
+    import torch
+
+    if not torch.accelerator.is_available():
+        # DeepSpeed (imported by transformers and peft when installed) otherwise announces on
+        # stdout that it picked the CPU, which would break --json output.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import datasets
     import transformers
 

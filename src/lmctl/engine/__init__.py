@@ -13,9 +13,9 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl.distributed import is_main_process
-from lmctl.engine.common import NonFiniteLoss
-from lmctl.errors import Interrupted, TrainingFailed
+from lmctl.distributed import is_main_process, world_size
+from lmctl.engine.common import NonFiniteLoss, check_world_size
+from lmctl.errors import ConfigError, Interrupted, TrainingFailed
 from lmctl.metrics import perplexity
 from lmctl.run import rundir
 from lmctl.run.plots import write_loss_plot
@@ -26,6 +26,19 @@ if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
     from lmctl.console import Console
     from lmctl.objectives.base import Objective
+
+
+def check_processes(config: TrainConfig) -> None:
+    """Before any work: sharding needs several processes, and a checkpoint continues only on
+    the number of processes that saved it."""
+    if config.resume_from_checkpoint not in (None, "auto"):
+        check_world_size(Path(config.resume_from_checkpoint))
+    if config.fsdp and config.do_train and world_size() == 1:
+        raise ConfigError(
+            "--fsdp shards the model over several processes; this run has one",
+            "add --nproc N (or start it with a launcher), or drop --fsdp",
+        )
+
 
 ENGINES: dict[str, str] = {
     "trainer": "lmctl.engine.trainer",
@@ -38,6 +51,7 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
 
     engine = import_module(ENGINES[config.engine])
     engine.check(config)  # trackers and engine packages, before any work
+    check_processes(config)
     main = is_main_process()
     publication = None
     if config.push_to is not None and main:
@@ -93,6 +107,15 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         )
     if not main:
         return {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": {}}
+    if config.peft is not None and config.do_train:
+        from lmctl.models import adapters
+
+        # The adapter's run directory also describes the architecture it adapts.
+        prepared.model.config.save_pretrained(run_dir)
+        if config.merge_adapter:
+            adapters.merge_adapter(
+                run_dir, prepared.tokenizer, objective.auto_model_class(), console
+            )
     if result.train_metrics:
         rundir.save_results(run_dir, "train", result.train_metrics)
     if result.eval_metrics:

@@ -28,9 +28,11 @@ from lmctl.engine.common import (
     EngineResult,
     NonFiniteLoss,
     StepReporter,
+    any_process,
     resolve_resume,
 )
 from lmctl.engine.optim import Plan, make_optimizer, make_plan, make_scheduler
+from lmctl.engine.sharding import accelerate_plugins
 from lmctl.errors import ConfigError
 from lmctl.metrics import predictions_of
 from lmctl.objectives.common import SeededCollator
@@ -94,11 +96,13 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Any:
             ),
             step_scheduler_with_optimizer=False,
             dynamo_backend="inductor" if config.torch_compile else None,
+            **accelerate_plugins(config),
         )
-    except ValueError as exc:
+    except (ValueError, ImportError) as exc:
         raise ConfigError(
             f"accelerate can't run this configuration: {exc}",
-            "check --bf16/--fp16 and the settings of accelerate launch or accelerate config",
+            "check --bf16/--fp16, --deepspeed/--fsdp and the settings of accelerate launch or "
+            "accelerate config",
         ) from exc
     if precision is not None and not (accelerator.native_amp or precision == "bf16"):
         raise ConfigError(
@@ -311,7 +315,14 @@ class AccelerateRun:
         loader.collate_fn.epoch = epoch
         if batches_done:
             loader = skip_first_batches(loader, batches_done)
-        return enumerate(loader, start=batches_done)
+        return enumerate(self._even(loader), start=batches_done)
+
+    def _even(self, loader: Any) -> Any:
+        """A stream's batches, ending on every process together (see ``EvenBatches``); the
+        batches of map-style data are already even (Accelerate's sampler)."""
+        if self.accelerator.num_processes == 1 or _length(loader) is not None:
+            return loader
+        return distributed.EvenBatches(loader, self.accelerator.device)
 
     def _micro_step(self, batch: dict[str, Any], index: int, plan: Plan) -> bool:
         """Forward and backward one batch; at the end of an accumulation window, clip and step
@@ -400,12 +411,10 @@ class AccelerateRun:
 
     def _stop_requested(self) -> bool:
         """A signal seen by any process stops all of them after the same step."""
-        import torch
-
-        if self.accelerator.num_processes == 1:
-            return self.stop.requested
-        flag = torch.tensor(float(self.stop.requested), device=self.accelerator.device)
-        return bool(self.accelerator.reduce(flag, "sum").item() > 0)
+        if not any_process(self.accelerator, self.stop.requested):
+            return False
+        self.stop.adopt()
+        return True
 
     # Building blocks -------------------------------------------------------------------------
     def _loader(self, dataset: Any, *, train: bool) -> Any:
@@ -537,7 +546,7 @@ class AccelerateRun:
         loss_sum, count = 0.0, 0
         start = time.time()
         self.model.eval()
-        for batch in self.eval_loader:
+        for batch in self._even(self.eval_loader):
             with torch.no_grad():
                 outputs = self.model(**batch)
             losses = acc.gather_for_metrics(

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmctl import distributed
 from lmctl.console import Console
+from lmctl.errors import ConfigError
 from lmctl.run import rundir
 from lmctl.run.signals import StopRequest
 
@@ -92,11 +94,23 @@ class StepReporter:
             self.console.stop_progress()
 
 
+def any_process(accelerator: Any, flag: bool) -> bool:
+    """Whether ``flag`` holds on any process, so that every process takes the same decision
+    (every process must call this at the same point)."""
+    if accelerator.num_processes == 1:
+        return flag
+    import torch
+
+    value = torch.tensor(float(flag), device=accelerator.device)
+    return bool(accelerator.reduce(value, "sum").item() > 0)
+
+
 def resolve_resume(config: TrainConfig, run_dir: Path, console: Console) -> str | None:
     """The checkpoint to resume from: the one named, or with 'auto' the newest complete one."""
     if config.resume_from_checkpoint is None:
         return None
     if config.resume_from_checkpoint != "auto":
+        check_world_size(Path(config.resume_from_checkpoint))
         return config.resume_from_checkpoint
     skipped: list[tuple[Path, str]] = []
     latest = rundir.latest_checkpoint(run_dir, skipped)
@@ -105,5 +119,22 @@ def resolve_resume(config: TrainConfig, run_dir: Path, console: Console) -> str 
     if latest is None:
         console.info(f"no checkpoint in {run_dir} yet: starting from step 0")
         return None
+    check_world_size(latest)
     console.info(f"resuming from {latest}")
     return str(latest)
+
+
+def check_world_size(checkpoint: Path) -> None:
+    """Refuse to continue a checkpoint on another number of processes: the per-process data
+    order, RNG streams and stream positions it holds would not carry over exactly."""
+    if not checkpoint.is_dir():
+        return
+    saved = rundir.checkpoint_world_size(checkpoint)
+    current = distributed.world_size()
+    if saved is None or saved == current:
+        return
+    raise ConfigError(
+        f"{checkpoint} was saved by {saved} process(es); this run has {current}",
+        f"resume it on {saved}: add --nproc {saved} (or launch with --nproc_per_node "
+        f"{saved}), or start a new run to train on {current}",
+    )

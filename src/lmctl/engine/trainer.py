@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl import secrets
+from lmctl import distributed, secrets
 from lmctl.data.tokens import forked_workers
 from lmctl.distributed import native_bf16
 from lmctl.engine.common import (
@@ -16,9 +17,11 @@ from lmctl.engine.common import (
     EngineResult,
     NonFiniteLoss,
     StepReporter,
+    any_process,
     resolve_resume,
 )
 from lmctl.engine.optim import fused_adamw_available
+from lmctl.engine.sharding import trainer_options
 from lmctl.errors import ConfigError
 from lmctl.run.signals import StopRequest
 
@@ -100,14 +103,17 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         "batch_eval_metrics": True,
         "include_num_input_tokens_seen": True,
         "log_level": "error",
-        "dataloader_pin_memory": _has_accelerator(),
+        "dataloader_pin_memory": not _cpu_only(),
         # Objectives' preprocessing keeps exactly the columns their collators read
         # (special-tokens masks, offsets), which are not model arguments.
         "remove_unused_columns": False,
     }
-    if precision == "bf16" and not _has_accelerator():
-        # The Trainer runs bf16 autocast on the CPU only when told the CPU is the device.
+    if _cpu_only() and (precision == "bf16" or distributed.world_size() > 1):
+        # The Trainer runs bf16 autocast on the CPU, and several processes train together on
+        # its CPUs (gloo) instead of each as a separate job, only when told the CPU is the
+        # device.
         values["use_cpu"] = True
+    values.update(trainer_options(config))
     values.update(config.training_args)
     if config.streaming:
         # Each rank reads its own shards of the stream (accelerate shards a datasets
@@ -143,17 +149,17 @@ def public_arguments(args: Any) -> Any:
     return clean
 
 
-def _has_accelerator() -> bool:
+def _cpu_only() -> bool:
     import torch
 
-    return bool(torch.cuda.is_available())
+    return not torch.accelerator.is_available()
 
 
 def _make_trainer_class() -> type:
     import torch
     from transformers import Trainer
     from transformers.trainer_callback import ExportableState
-    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
     from lmctl.run import rundir
     from lmctl.storage import atomic
@@ -209,6 +215,8 @@ def _make_trainer_class() -> type:
                 self._save_optimizer_and_scheduler(str(staging))
                 self._save_scaler(str(staging))
                 self._save_rng_state(str(staging))
+            if self.stream_position is not None:
+                self.stream_position.write(staging, self.args.process_index)
             self.accelerator.wait_for_everyone()
             if self.args.should_save:
                 exportable = [
@@ -223,8 +231,6 @@ def _make_trainer_class() -> type:
                         stateful[name].append(cb.state())
                     else:
                         stateful[name] = cb.state()
-                if self.stream_position is not None:
-                    self.stream_position.write(staging)
                 rundir.write_state(self.state, staging)
                 rundir.commit_dir(staging, final)
             self.accelerator.wait_for_everyone()
@@ -256,19 +262,45 @@ def _make_trainer_class() -> type:
                 torch.save(public_arguments(self.args), folder / TRAINING_ARGS_NAME)
 
         def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+            """One micro-batch; a non-finite loss on any process stops every process (before
+            the optimizer step can spoil the weights, and without leaving one waiting)."""
             loss = super().training_step(model, inputs, num_items_in_batch)
-            if not torch.isfinite(loss).all():
-                raise NonFiniteLoss(self.state.global_step + 1, float(loss.detach().float().mean()))
+            finite = bool(torch.isfinite(loss).all())
+            if any_process(self.accelerator, not finite):
+                value = float(loss.detach().float().mean()) if not finite else math.nan
+                raise NonFiniteLoss(self.state.global_step + 1, value)
             return loss
+
+        def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
+            """The next accumulation window's batches; with a stream on several processes,
+            as many on each as the process with the fewest has (streams split by shards
+            end at different points, and a process that ran out would leave the others
+            blocked in a gradient all-reduce)."""
+            samples, items = super().get_batch_samples(epoch_iterator, num_batches, device)
+            if self.args.world_size == 1 or has_length(self.train_dataset):
+                return samples, items
+            common = distributed.agreed_minimum(len(samples), self.args.device)
+            if common < len(samples):
+                samples = samples[:common]
+                items = self._get_num_items_in_batch(samples, device)
+            return samples, items
 
         def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
             train_collator = self.data_collator
             if self.eval_collator is not None:
                 self.data_collator = self.eval_collator
             try:
-                return super().get_eval_dataloader(eval_dataset)
+                loader: Any = super().get_eval_dataloader(eval_dataset)
             finally:
                 self.data_collator = train_collator
+            dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+            if self.args.world_size > 1 and not has_length(dataset):
+                # Accelerate's loader looks one batch ahead of what it yields, so every
+                # process still learns at the same batch that its stream has ended.
+                loader.base_dataloader = distributed.EvenBatches(
+                    loader.base_dataloader, self.args.device
+                )
+            return loader
 
         def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
             output = super().evaluation_loop(*args, **kwargs)
@@ -302,7 +334,7 @@ def _make_trainer_class() -> type:
             checkpoint = resume_from_checkpoint
             if self.stream_position is None or checkpoint is None or self.args.ignore_data_skip:
                 return epochs, batches
-            recorded = read_stream_position(Path(checkpoint))
+            recorded = read_stream_position(Path(checkpoint), self.args.process_index)
             if recorded is None:
                 return epochs, batches
             self.stream_position.resume_at(*recorded)
@@ -314,9 +346,16 @@ def _make_trainer_class() -> type:
 STREAM_POSITION_FILE = "stream_position.json"
 
 
-def read_stream_position(checkpoint: Path) -> tuple[int, int] | None:
+def stream_position_file(checkpoint: Path, rank: int) -> Path:
+    """Each process records its own position: ``stream_position.json`` for the first,
+    ``stream_position-<rank>.json`` for the others."""
+    return checkpoint / (STREAM_POSITION_FILE if rank == 0 else f"stream_position-{rank}.json")
+
+
+def read_stream_position(checkpoint: Path, rank: int = 0) -> tuple[int, int] | None:
     try:
-        data = json.loads((checkpoint / STREAM_POSITION_FILE).read_text(encoding="utf-8"))
+        text = stream_position_file(checkpoint, rank).read_text(encoding="utf-8")
+        data = json.loads(text)
         return int(data["epoch"]), int(data["batches"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -347,10 +386,10 @@ def _stream_position_class() -> type:
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.batches += args.gradient_accumulation_steps
 
-        def write(self, checkpoint: Path) -> None:
-            """Record the position inside a checkpoint that is being written."""
-            position = {"epoch": self.epoch, "batches": self.batches}
-            (checkpoint / STREAM_POSITION_FILE).write_text(json.dumps(position) + "\n")
+        def write(self, checkpoint: Path, rank: int) -> None:
+            """Record this process's position inside a checkpoint that is being written."""
+            position = {"epoch": self.epoch, "batches": self.batches, "rank": rank}
+            stream_position_file(checkpoint, rank).write_text(json.dumps(position) + "\n")
 
     return StreamPosition
 
@@ -361,13 +400,16 @@ def _callback_class() -> type:
     class ReportingCallback(TrainerCallback):
         def __init__(self, reporter: StepReporter) -> None:
             self.reporter = reporter
+            #: Turns this process's stop request into the decision of every process.
+            self.agree: Any = lambda requested: requested
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.reporter.begin(state.max_steps, state.global_step, state.num_input_tokens_seen)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.reporter.step(state.global_step, state.epoch, state.num_input_tokens_seen)
-            if self.reporter.stop.requested:
+            if self.agree(self.reporter.stop.requested):
+                self.reporter.stop.adopt()
                 control.should_save = True
                 control.should_training_stop = True
 
@@ -392,6 +434,7 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
     args = training_arguments(config, prepared.run_dir)
     reporter = StepReporter(console, prepared.run_dir, stop, is_main=args.process_index == 0)
     metrics = prepared.objective.metrics()
+    reporting = _callback_class()(reporter)
     trainer = _make_trainer_class()(
         model=prepared.model,
         args=args,
@@ -401,8 +444,9 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
         processing_class=prepared.tokenizer,
         compute_metrics=metrics.trainer_hook(),
         preprocess_logits_for_metrics=reduce_logits,
-        callbacks=[_callback_class()(reporter)],
+        callbacks=[reporting],
     )
+    reporting.agree = lambda requested: any_process(trainer.accelerator, requested)
     trainer.eval_collator = prepared.eval_collator
     trainer.save_total_limit = config.save_total_limit
     trainer.train_lengths = prepared.train_lengths

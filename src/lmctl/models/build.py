@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from lmctl.errors import ConfigError, ModelError
+from lmctl.models import adapters
 from lmctl.storage import hub, locations
 from lmctl.storage.paths import is_remote, local_path
 
@@ -328,6 +330,18 @@ def build_model(
     resumed: bool = False,
 ) -> PreTrainedModel:
     auto_class = objective.auto_model_class()
+    missing: list[str] = []
+    if config.model_name_or_path is not None and adapters.is_adapter_dir(config.model_name_or_path):
+        # A run trained with an adapter: its base model with the adapter on it.
+        kwargs = _hub_kwargs(config)
+        if config.dtype is not None:
+            kwargs["dtype"] = _torch_dtype(config.dtype)
+        return load_pretrained(
+            partial(adapters.load_adapted, auto_class),
+            config.model_name_or_path,
+            "--model-name-or-path",
+            **kwargs,
+        )
     if config.model_name_or_path is not None:
         kwargs = _hub_kwargs(config)
         if config.dtype is not None:
@@ -340,7 +354,8 @@ def build_model(
             output_loading_info=True,
             **kwargs,
         )
-        _note_new_weights(loading_info.get("missing_keys") or [], console)
+        missing = list(loading_info.get("missing_keys") or [])
+        _note_new_weights(missing, console)
     else:
         _fit_vocabulary(config, model_config, tokenizer)
         try:
@@ -364,6 +379,11 @@ def build_model(
             "to fit the tokenizer"
         )
         model.resize_token_embeddings(len(tokenizer))
+    if config.gradient_checkpointing and config.peft is not None:
+        # Frozen embeddings give checkpointed layers inputs without gradients.
+        model.enable_input_require_grads()
+    if config.peft == "lora":
+        model = adapters.apply_lora(config, model, missing, console)
     return model
 
 

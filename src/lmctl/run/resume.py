@@ -40,6 +40,14 @@ RESUME_OVERRIDES = (
     "do_eval",
     "per_device_eval_batch_size",
     "report_to",
+    # Where the processes run (each machine of a multi-node run resumes with its own rank);
+    # a checkpoint refuses to continue on another number of processes.
+    "nproc",
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+    "launcher",
 )
 
 

@@ -411,6 +411,22 @@ def resume_checkpoint(config: TrainConfig) -> Path | None:
     return local_path(checkpoint)
 
 
+#: Per-process RNG state files that both engines write into a checkpoint: the Trainer
+#: ``rng_state.pth`` (one process) or ``rng_state_<rank>.pth``; Accelerate
+#: ``random_states_<rank>.pkl``.
+RNG_STATE_FILE = re.compile(r"^(?:rng_state(?:_(\d+))?\.pth|random_states_(\d+)\.pkl)$")
+
+
+def checkpoint_world_size(path: Path) -> int | None:
+    """How many processes wrote ``path``: one RNG state file each (None if it has none)."""
+    ranks = set()
+    for file in path.iterdir():
+        match = RNG_STATE_FILE.match(file.name)
+        if match:
+            ranks.add(int(match.group(1) or match.group(2) or 0))
+    return len(ranks) or None
+
+
 def read_checkpoint_state(path: Path) -> dict[str, Any]:
     state: dict[str, Any] = json.loads((path / STATE_FILE).read_text())
     return state
@@ -488,7 +504,8 @@ def write_model_card(
     base_model = published_model_name(config.model_name_or_path)
     datasets = [config.dataset_name] if config.dataset_name else []
     metadata: dict[str, Any] = {
-        "library_name": "transformers",
+        # An adapter run publishes a peft adapter (with its merged weights in merged/).
+        "library_name": "peft" if config.peft else "transformers",
         "pipeline_tag": objective.task_tag,
         "tags": ["lmctl", *objective.model_card_tags()],
     }
@@ -516,6 +533,17 @@ def write_model_card(
         f"A {objective.summary.lower()} model {origin} on {data or 'the given data'} "
         f"with [lmctl](https://pypi.org/project/lmctl/) {__version__} (`{engine}` engine)."
     )
+    if config.peft:
+        lines.append("")
+        lines.append(
+            f"This repository holds a LoRA adapter (r {config.lora_r}, alpha {config.lora_alpha}):"
+            f" load it with `peft.PeftModel.from_pretrained(base_model, ...)`"
+            + (
+                "; `merged/` holds the adapter merged into full weights."
+                if config.merge_adapter
+                else "."
+            )
+        )
     if resumed:
         lines.append("")
         lines.append("Training was interrupted and resumed from a checkpoint with `lmctl resume`.")

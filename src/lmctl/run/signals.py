@@ -21,6 +21,11 @@ class StopRequest:
     def requested(self) -> bool:
         return self.signal_name is not None
 
+    def adopt(self) -> None:
+        """Another process of the run was signalled: this one stops at the same step."""
+        if self.signal_name is None:
+            self.signal_name = "a signal to another process"
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
             raise KeyboardInterrupt

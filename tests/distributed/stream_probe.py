@@ -2,7 +2,7 @@
 one token each; record which lines this rank trained on and which shards its dataloader
 workers opened.
 
-    torchrun --nproc_per_node 2 tests/distributed_stream_probe.py CORPUS OUT_DIR LINES
+    torchrun --nproc_per_node 2 tests/distributed/stream_probe.py CORPUS OUT_DIR LINES
 """
 
 from __future__ import annotations

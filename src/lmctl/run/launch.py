@@ -1,0 +1,118 @@
+"""``--nproc N``: the same command again, under torch's launcher or ``accelerate launch``.
+
+lmctl never starts processes of its own: it builds the command line of the real launcher,
+shows it, and replaces itself with it. The launched processes see the launcher's
+environment (``RANK``, ``WORLD_SIZE``) and run the command as one rank each.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+from contextlib import suppress
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lmctl.config.fields import flag_name
+from lmctl.distributed import is_main_process, launched
+from lmctl.errors import ConfigError, Delegated
+
+if TYPE_CHECKING:
+    from lmctl.config.base import TrainConfig
+    from lmctl.console import Console
+
+#: Options that say how to launch; the launched processes get the command without them.
+LAUNCH_FIELDS = ("nproc", "nnodes", "node_rank", "master_addr", "master_port", "launcher")
+#: Where the launched main process writes its exit code for the process that launched it.
+EXIT_FILE_ENV = "LMCTL_EXIT_FILE"
+#: The port of the first machine when --nnodes is above 1 and --master-port is not given.
+DEFAULT_PORT = 29500
+
+
+def launcher_command(config: TrainConfig, arguments: list[str]) -> list[str]:
+    """The launcher command that runs ``lmctl ARGUMENTS`` on ``config.nproc`` processes per
+    machine (``arguments`` is lmctl's own command line, without the program name)."""
+    assert config.nproc is not None
+    python = sys.executable
+    port = config.master_port
+    if config.launcher == "accelerate":
+        command = [python, "-m", "accelerate.commands.launch"]
+        command += ["--num_processes", str(config.nproc * config.nnodes)]
+        command += ["--num_machines", str(config.nnodes), "--machine_rank", str(config.node_rank)]
+        if config.nproc * config.nnodes > 1:
+            command.append("--multi_gpu")
+        if config.master_addr is not None:
+            command += ["--main_process_ip", config.master_addr]
+        if port is not None or config.nnodes > 1:
+            command += ["--main_process_port", str(port or DEFAULT_PORT)]
+    else:
+        command = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(config.nproc)]
+        if config.nnodes == 1 and port is None:
+            command.append("--standalone")  # a free port on this machine
+        else:
+            command += ["--nnodes", str(config.nnodes), "--node_rank", str(config.node_rank)]
+            command += ["--master_addr", config.master_addr or "127.0.0.1"]
+            command += ["--master_port", str(port or DEFAULT_PORT)]
+    return [*command, "-m", "lmctl", *without_launch_options(arguments)]
+
+
+def without_launch_options(arguments: list[str]) -> list[str]:
+    """``arguments`` less the launch options and their values (``--nproc 2``, ``--nproc=2``)."""
+    flags = {flag_name(name) for name in LAUNCH_FIELDS}
+    kept: list[str] = []
+    skip = False
+    for argument in arguments:
+        if skip:
+            skip = False
+        elif argument in flags:
+            skip = True
+        elif argument.split("=", 1)[0] not in flags:
+            kept.append(argument)
+    return kept
+
+
+def relaunch(config: TrainConfig, console: Console) -> None:
+    """With ``--nproc``, outside a launcher: show the launcher command, run it, and pass on
+    the exit code of the run's main process (a launcher exits 1 whenever a process fails,
+    whatever for) by raising :class:`Delegated`."""
+    if config.nproc is None or launched():
+        return
+    command = launcher_command(config, sys.argv[1:])
+    console.info("running: " + shlex.join(command))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    handle, exit_file = tempfile.mkstemp(prefix="lmctl-exit-")
+    os.close(handle)
+    try:
+        try:
+            launcher = subprocess.Popen(command, env={**os.environ, EXIT_FILE_ENV: exit_file})
+        except OSError as exc:
+            raise ConfigError(
+                f"--nproc {config.nproc}: cannot start the launcher ({exc})",
+                "run the command above yourself",
+            ) from exc
+        # SIGTERM to this process goes on to the launcher, which passes it to every process;
+        # Ctrl-C reaches them all from the terminal already.
+        previous = signal.signal(signal.SIGTERM, lambda *_: launcher.send_signal(signal.SIGTERM))
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            code = launcher.wait()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, interrupt)
+        reported = Path(exit_file).read_text().strip()
+    finally:
+        Path(exit_file).unlink(missing_ok=True)
+    raise Delegated(int(reported) if reported.isdigit() else code)
+
+
+def report_exit_code(code: int) -> None:
+    """In the main process of a run started by :func:`relaunch`: record its exit code."""
+    exit_file = os.environ.get(EXIT_FILE_ENV)
+    if exit_file and is_main_process():
+        with suppress(OSError):
+            Path(exit_file).write_text(f"{int(code)}\n")

@@ -1,0 +1,185 @@
+"""Two processes on the CPU, both engines, both launchers: one run, one set of results, ranks
+on disjoint data; results equal to one process with accumulation; `--nproc` equals the
+launcher command it prints; every rank agrees to stop."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from lmctl.run import rundir
+from tests.distributed.conftest import (
+    RECORDER,
+    TINY_BERT,
+    TINY_GPT2,
+    descendants,
+    finish,
+    lmctl_command,
+    max_difference,
+    records,
+    results,
+    run,
+    start,
+    weights,
+)
+
+pytestmark = pytest.mark.distributed
+
+
+def training_args(
+    objective: str, tokenizer: Path, data: tuple[Path, Path], out: Path, *extra: str
+) -> list[str]:
+    train, valid = data
+    model = TINY_GPT2 if objective == "clm" else TINY_BERT
+    shape = (
+        ("--block-size", "32")
+        if objective == "clm"
+        else ("--line-by-line", "--max-seq-length", "32")
+    )
+    return [
+        "train", objective, *model, "--tokenizer", str(tokenizer), "--train-file", str(train),
+        "--validation-file", str(valid), *shape, "--max-steps", "10",
+        "--per-device-train-batch-size", "4", "--learning-rate", "1e-3", "--save-steps", "5",
+        "--import", str(RECORDER), "-o", str(out), *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("engine", "launcher", "objective"),
+    [
+        ("trainer", "torchrun", "clm"),
+        ("trainer", "accelerate", "mlm"),
+        ("accelerate", "torchrun", "mlm"),
+        ("accelerate", "accelerate", "clm"),
+    ],
+)
+def test_two_processes_train_one_model_on_disjoint_data(
+    engine: str,
+    launcher: str,
+    objective: str,
+    *,
+    bpe_tokenizer: Path,
+    wordpiece_tokenizer: Path,
+    unique_lines: tuple[Path, Path],
+    tmp_path: Path,
+) -> None:
+    tokenizer = bpe_tokenizer if objective == "clm" else wordpiece_tokenizer
+    out, seen = tmp_path / "run", tmp_path / "seen"
+    seen.mkdir()
+    args = training_args(objective, tokenizer, unique_lines, out, "--engine", engine)
+    proc = run(
+        lmctl_command(*args, "--nproc", "2", "--launcher", launcher),
+        tmp_path,
+        {"LMCTL_RECORD_DIR": str(seen)},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count(f"lmctl train {objective}:") == 1  # only the main process prints
+    assert proc.stderr.count("run directory:") == 1
+    assert (out / "model.safetensors").is_file()
+    assert list(out.rglob("all_results.json")) == [out / "all_results.json"]
+    assert results(out)["eval_loss"] > 0
+    ranks = [records(seen, 0), records(seen, 1)]
+    assert all(len(rows) == 10 * 4 for rows in ranks), [len(rows) for rows in ranks]
+    assert not set(ranks[0]) & set(ranks[1]), "two ranks trained on the same example"
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= {
+        p.name for p in (out / "checkpoint-10").iterdir()
+    } or {"random_states_0.pkl", "random_states_1.pkl"} <= {
+        p.name for p in (out / "checkpoint-10").iterdir()
+    }
+
+
+def test_nproc_runs_the_launcher_command_it_prints(
+    bpe_tokenizer: Path, unique_lines: tuple[Path, Path], tmp_path: Path
+) -> None:
+    first = tmp_path / "first"
+    proc = run(
+        lmctl_command(*training_args("clm", bpe_tokenizer, unique_lines, first), "--nproc", "2"),
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    shown = next(line for line in proc.stderr.splitlines() if "running: " in line)
+    command = shlex.split(shown.split("running: ", 1)[1])
+    assert command[1:4] == ["-m", "torch.distributed.run", "--nproc_per_node"]
+    assert "--nproc" not in command  # the launched processes run the plain command
+    second = tmp_path / "second"
+    command[command.index(str(first))] = str(second)
+    again = run(command, tmp_path)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert max_difference(weights(first), weights(second)) == 0.0
+    timing = ("runtime", "per_second")
+    same = [r for r in (results(first), results(second))]
+    assert {k: v for k, v in same[0].items() if not any(t in k for t in timing)} == {
+        k: v for k, v in same[1].items() if not any(t in k for t in timing)
+    }
+
+
+def test_two_processes_equal_one_with_accumulation(
+    bpe_tokenizer: Path, unique_lines: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """2 processes x batch 4 and 1 process x batch 4 x accumulation 2 see the same number of
+    examples per step; their final eval losses agree within 3%."""
+    two, one = tmp_path / "two", tmp_path / "one"
+    args = training_args("clm", bpe_tokenizer, unique_lines, two)
+    proc = run(lmctl_command(*args, "--nproc", "2"), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    args = training_args(
+        "clm", bpe_tokenizer, unique_lines, one, "--gradient-accumulation-steps", "2"
+    )
+    proc = run(lmctl_command(*args), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    loss_two, loss_one = results(two)["eval_loss"], results(one)["eval_loss"]
+    assert loss_two == pytest.approx(loss_one, rel=0.03)
+    assert results(two)["train_samples"] == results(one)["train_samples"]
+
+
+@pytest.mark.parametrize("engine", ["trainer", "accelerate"])
+def test_a_signal_to_one_rank_stops_both_at_the_same_step(
+    engine: str, bpe_tokenizer: Path, unique_lines: tuple[Path, Path], tmp_path: Path
+) -> None:
+    out, seen = tmp_path / "run", tmp_path / "seen"
+    seen.mkdir()
+    args = training_args(
+        "clm", bpe_tokenizer, unique_lines, out, "--engine", engine, "--save-steps", "100"
+    )
+    args[args.index("--max-steps") + 1] = "200"
+    proc = start(lmctl_command(*args, "--nproc", "2"), tmp_path,
+                 {"LMCTL_RECORD_DIR": str(seen), "LMCTL_STEP_DELAY": "0.1"})  # fmt: skip
+    deadline = time.monotonic() + 300
+    while len(records(seen, 1)) < 12 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    pids = [p for p in descendants(proc.pid) if _rank_of(p) == "1"]
+    assert pids, "no rank-1 process found"
+    os.kill(pids[0], signal.SIGTERM)  # one rank only: the launcher and rank 0 are not told
+    done = finish(proc)
+    assert done.returncode == 130, done.stderr[-4000:]
+    checkpoints = rundir.checkpoints(out)
+    assert len(checkpoints) == 1, checkpoints
+    step = rundir.checkpoint_step(checkpoints[0])
+    assert 0 < step < 200
+    assert len(records(seen, 0)) == len(records(seen, 1)) == step * 4  # same step on both
+
+
+def test_a_non_finite_loss_on_one_rank_stops_both(
+    bpe_tokenizer: Path, unique_lines: tuple[Path, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    args = training_args("clm", bpe_tokenizer, unique_lines, out)
+    proc = run(lmctl_command(*args, "--nproc", "2"), tmp_path, {"LMCTL_NAN_RANK": "1"})
+    assert proc.returncode == 4, proc.stderr[-4000:]
+    assert "loss is nan" in proc.stderr.lower()
+
+
+def _rank_of(pid: int) -> str | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in environ:
+        if item.startswith(b"RANK="):
+            return item[5:].decode()
+    return None

@@ -1,0 +1,155 @@
+"""Scale options without launching anything: validation, the shipped DeepSpeed configs, what
+each engine is handed, the launcher command of --nproc, and the world-size rule of resume."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lmctl.config.loader import build_config
+from lmctl.errors import ConfigError
+from lmctl.objectives.clm import ClmConfig
+from lmctl.resources import DEEPSPEED_CONFIGS, deepspeed_config
+from tests.conftest import assert_clean_failure, lmctl
+
+EXAMPLES = Path(__file__).parent.parent / "examples" / "deepspeed"
+
+
+def _config(tmp_path: Path, **values: Any) -> ClmConfig:
+    train = tmp_path / "t.txt"
+    train.write_text("hello\n")
+    base = {"model_type": "gpt2", "tokenizer_name": "x", "train_file": str(train)}
+    return build_config(ClmConfig, cli_values={**base, **values})
+
+
+def test_shipped_deepspeed_configs_are_the_examples_and_parse() -> None:
+    from transformers.integrations import HfDeepSpeedConfig
+
+    shipped = {path.name: path for path in DEEPSPEED_CONFIGS.glob("*.json")}
+    assert set(shipped) == {"zero1.json", "zero2.json", "zero3.json", "zero3_offload.json"}
+    assert {path.name for path in EXAMPLES.glob("*.json")} == set(shipped)
+    for name, path in shipped.items():
+        assert (EXAMPLES / name).read_text() == path.read_text(), name
+        data = json.loads(path.read_text())
+        expected = int(name[4])
+        assert data["zero_optimization"]["stage"] == expected
+        parsed = HfDeepSpeedConfig(str(path))
+        assert parsed.is_zero3() == (expected == 3)
+        assert parsed.is_offload() == ("offload" in name)
+
+
+def test_deepspeed_stage_names_a_shipped_config(tmp_path: Path) -> None:
+    from lmctl.engine.trainer import training_arguments
+
+    config = _config(tmp_path, deepspeed="2", gradient_checkpointing=True)
+    assert config.deepspeed == "2"
+    from lmctl.engine.sharding import trainer_options
+
+    values = trainer_options(config)
+    assert values["deepspeed"] == str(deepspeed_config("2"))
+    assert values["gradient_checkpointing"] is True
+    fsdp = trainer_options(_config(tmp_path, fsdp=True, fsdp_sharding="grad-op",
+                                   fsdp_auto_wrap=True, fsdp_cpu_offload=True))  # fmt: skip
+    assert fsdp["fsdp"] == "shard_grad_op auto_wrap offload"
+    assert fsdp["fsdp_config"] == {"version": 2}
+    args = training_arguments(_config(tmp_path, fsdp=True), tmp_path / "run")
+    assert args.fsdp_config["version"] == 2
+
+
+def test_deepspeed_file_is_recorded_by_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    monkeypatch.chdir(tmp_path)
+    assert _config(tmp_path, deepspeed="ds.json").deepspeed == str(tmp_path / "ds.json")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--deepspeed", "4"], "--deepspeed 4: no such file, and not a ZeRO stage"),
+        (["--deepspeed", "2", "--fsdp"], "--deepspeed and --fsdp can't be used together"),
+        (["--fsdp-cpu-offload"], "--fsdp-cpu-offload needs --fsdp"),
+        (["--fsdp-sharding", "grad-op"], "--fsdp-sharding needs --fsdp"),
+        (["--nnodes", "2"], "--nnodes only applies with --nproc"),
+        (["--nproc", "2", "--nnodes", "2"], "--nnodes 2 needs --master-addr"),
+        (["--nproc", "2", "--node-rank", "1"], "--node-rank 1 is not below --nnodes 1"),
+        (
+            ["--fsdp", "--fsdp-sharding", "hybrid", "--engine", "accelerate"],
+            "--fsdp-sharding hybrid is not available with --engine accelerate",
+        ),
+    ],
+)
+def test_scale_mistakes_exit_2_naming_the_flag(
+    flags: list[str], message: str, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "a.txt"
+    corpus.write_text("hello world\n")
+    proc = lmctl(
+        "train", "clm", "--model-type", "gpt2", "--tokenizer", "x", "--train-file", corpus,
+        *flags, "--dry-run",
+    )  # fmt: skip
+    assert_clean_failure(proc, 2, message)
+
+
+def test_deepspeed_without_the_package_says_how_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name)
+    )
+    for values in ({"deepspeed": "2"}, {"training_args": {"deepspeed": "ds.json"}}):
+        with pytest.raises(ConfigError) as caught:
+            _config(tmp_path, **values)
+        assert "needs the deepspeed package" in caught.value.message
+        assert "pip install 'lmctl[deepspeed]'" in (caught.value.hint or "")
+
+
+def test_launcher_commands(tmp_path: Path) -> None:
+    from lmctl.run.launch import launcher_command
+
+    argv = ["train", "clm", "--nproc", "2", "--max-steps", "5", "--launcher=torchrun"]
+    command = launcher_command(_config(tmp_path, nproc=2), argv)
+    assert command == [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+        "-m", "lmctl", "train", "clm", "--max-steps", "5",
+    ]  # fmt: skip
+    two_nodes = _config(tmp_path, nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1")
+    assert launcher_command(two_nodes, ["train", "clm"])[3:14] == [
+        "--nproc_per_node", "4", "--nnodes", "2", "--node_rank", "1",
+        "--master_addr", "10.0.0.1", "--master_port", "29500", "-m",
+    ]  # fmt: skip
+    accelerate = launcher_command(
+        _config(tmp_path, nproc=2, launcher="accelerate", master_port=1234), ["train", "clm"]
+    )
+    assert accelerate[1:3] == ["-m", "accelerate.commands.launch"]
+    assert accelerate[accelerate.index("--num_processes") + 1] == "2"
+    assert accelerate[accelerate.index("--main_process_port") + 1] == "1234"
+
+
+def test_resume_refuses_another_world_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmctl.engine.common import check_world_size
+
+    checkpoint = tmp_path / "checkpoint-5"
+    checkpoint.mkdir()
+    for rank in (0, 1):
+        (checkpoint / f"rng_state_{rank}.pth").write_bytes(b"")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    check_world_size(checkpoint)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(ConfigError) as caught:
+        check_world_size(checkpoint)
+    assert caught.value.exit_code == 2
+    assert "saved by 2 process(es); this run has 1" in caught.value.message
+    assert "--nproc 2" in (caught.value.hint or "")
+    single = tmp_path / "checkpoint-9"
+    single.mkdir()
+    (single / "rng_state.pth").write_bytes(b"")
+    check_world_size(single)
