@@ -15,6 +15,7 @@ from lmctl.console import Console, OutputOptions
 from lmctl.data import stream
 from lmctl.errors import DataError
 from lmctl.objectives.clm import ClmConfig
+from lmctl.objectives.common import tokenize_lines
 
 TRICKY_TEXT = (
     "first line\n"
@@ -123,7 +124,9 @@ def _collect(batch: list[dict[str, Any]]) -> list[int]:
     return [example["input_ids"][0] for example in batch]
 
 
-def _read_as_ranks(dataset: Any, how: str, ranks: int = 2, workers: int = 2) -> list[list[int]]:
+def _read_as_ranks(
+    dataset: Any, how: str, ranks: int = 2, workers: int = 2, collate: Any = _collect
+) -> list[list[int]]:
     """Iterate ``dataset`` as each rank would, each with ``workers`` dataloader workers."""
     from torch.utils.data import DataLoader
 
@@ -136,13 +139,13 @@ def _read_as_ranks(dataset: Any, how: str, ranks: int = 2, workers: int = 2) -> 
                 split_dataset_by_node(dataset, rank=rank, world_size=ranks),
                 batch_size=16,
                 num_workers=workers,
-                collate_fn=_collect,
+                collate_fn=collate,
             )
         else:  # what the Trainer does: accelerate prepares the loader, dispatch_batches off
             from accelerate.data_loader import prepare_data_loader
 
             loader = prepare_data_loader(
-                DataLoader(dataset, batch_size=16, num_workers=workers, collate_fn=_collect),
+                DataLoader(dataset, batch_size=16, num_workers=workers, collate_fn=collate),
                 num_processes=ranks,
                 process_index=rank,
                 put_on_device=False,
@@ -246,7 +249,7 @@ def test_line_streams_keep_one_example_per_line(tmp_path: Path, bpe_tokenizer: P
     sources = stream.load_sources(
         config, need_train=True, need_eval=False, text_options={"keep_linebreaks": False}
     )
-    lines = stream.line_streams(config, sources, tokenizer, 8, Console(OutputOptions()))
+    lines = tokenize_lines(config, sources, tokenizer, 8, Console(OutputOptions()))
     examples = list(lines["train"])
     assert len(examples) == 3
     assert max(len(example["input_ids"]) for example in examples) == 8

@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl.data.load import load_raw, silence_libraries
+from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.models.build import build_model, build_model_config, load_tokenizer
 from lmctl.models.plugins import load_plugins
 from lmctl.objectives.common import split_source
@@ -86,6 +86,7 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
             need_train=config.do_train or config.train_tokenizer is not None,
             need_eval=config.do_eval,
             text_options=objective.text_options(config),
+            records=objective.streams_records,
         )
     else:
         raw = load_raw(
@@ -97,8 +98,6 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
     data_seconds = time.monotonic() - started
 
     def training_texts() -> Any:
-        if config.streaming:
-            return raw["train"].texts()
         return objective.training_texts(config, raw["train"], split_source(config, "train"))
 
     tokenizer = load_tokenizer(
@@ -115,6 +114,8 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
         raw.pop("train", None)
     started = time.monotonic()
     processed = objective.preprocess(config, raw, tokenizer, model_config, console)
+    if not config.streaming:  # a stream applies its limits as it is read
+        processed = limit_samples(config, processed, console)
     data_seconds += time.monotonic() - started
     console.info(f"data ready in {data_seconds:.2f} s (loading and preprocessing)")
     return PreparedData(

@@ -208,10 +208,18 @@ class TrainConfig(StrictModel):
         panel=PANEL_DATA,
     )
     max_train_samples: int | None = option(
-        None, "Keep only the first N training samples (for debugging).", panel=PANEL_DATA, gt=0
+        None,
+        "Keep only the first N training samples, counted as upstream counts them: blocks "
+        "after grouping (clm, mlm, plm), samples after tokenizing with --line-by-line, "
+        "records for swag; also with --streaming.",
+        panel=PANEL_DATA,
+        gt=0,
     )
     max_eval_samples: int | None = option(
-        None, "Keep only the first N evaluation samples (for debugging).", panel=PANEL_DATA, gt=0
+        None,
+        "Keep only the first N evaluation samples, counted like --max-train-samples.",
+        panel=PANEL_DATA,
+        gt=0,
     )
     validation_split_percentage: int = option(
         5,

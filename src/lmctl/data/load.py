@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from lmctl.config.base import TrainConfig
+    from lmctl.console import Console
 
 BUILDERS = {"txt": "text", "csv": "csv", "json": "json", "jsonl": "json", "parquet": "parquet"}
 
@@ -78,14 +79,30 @@ def load_raw(
             f"{source.get('validation', 'evaluation data')}: no records (the data is empty)",
             "give a validation file with at least one record, or --no-eval",
         )
-    splits = {}
-    for split, dataset in raw.items():
-        limit = config.max_train_samples if split == "train" else config.max_eval_samples
-        if split not in ("train", "validation"):
-            continue
-        keep = len(dataset) if limit is None else min(limit, len(dataset))
-        splits[split] = dataset if keep == len(dataset) else dataset.select(range(keep))
-    return datasets.DatasetDict(splits)
+    return datasets.DatasetDict(
+        {split: dataset for split, dataset in raw.items() if split in ("train", "validation")}
+    )
+
+
+def sample_limit(config: TrainConfig, split: str) -> int | None:
+    """``--max-train-samples`` or ``--max-eval-samples``, whichever applies to ``split``."""
+    return config.max_train_samples if split == "train" else config.max_eval_samples
+
+
+def limit_samples(config: TrainConfig, splits: Any, console: Console) -> Any:
+    """The first ``--max-train-samples``/``--max-eval-samples`` model samples of each split,
+    counted as upstream counts them: after tokenizing (and grouping into blocks)."""
+    import datasets
+
+    out = {}
+    for split, dataset in splits.items():
+        limit = sample_limit(config, split)
+        out[split] = dataset
+        if limit is not None and limit < len(dataset):
+            flag = "--max-train-samples" if split == "train" else "--max-eval-samples"
+            console.info(f"{split}: keeping the first {limit} of {len(dataset)} samples ({flag})")
+            out[split] = dataset.select(range(limit))
+    return datasets.DatasetDict(out)
 
 
 def _load_files(config: TrainConfig, files: dict[str, str], text_options: dict[str, Any]) -> Any:

@@ -2,12 +2,14 @@
 
 A split's manifest names everything that decides its tokens: the data (each file's absolute
 path, size and modification time, or a Hub dataset's fingerprint), how it was read (text
-column, line breaks, sample limit, held-out part), the tokenizer's content hash, the
+column, line breaks, held-out part), the tokenizer's content hash, the
 objective's parameters (block size, line by line, maximum length, special-tokens mask, ...),
 the cache format and the lmctl version. The hash of the manifest names the cache directory,
 so a cache is reused only when every one of those matches; anything else is prepared again,
 and lmctl says which part changed. Caches whose data files have changed since are deleted on
-the way, since nothing can use them any more.
+the way, since nothing can use them any more. Sample limits (``--max-train-samples``,
+``--max-eval-samples``) are not part of the key: a split is cached whole, and a limit keeps
+the first samples of it, as upstream selects them after tokenizing and grouping.
 
 ``lmctl prepare`` and ``lmctl train`` both go through :func:`prepared_splits`, so a prepared
 cache is exactly what training would have built. Building holds a file lock: in a
@@ -44,8 +46,9 @@ if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
     from lmctl.console import Console
 
-#: Bump when the on-disk layout or the meaning of a manifest field changes.
-CACHE_FORMAT = 1
+#: Bump when the on-disk layout or the meaning of a manifest field changes. Format 2: a split
+#: is cached whole (sample limits are applied to the cached samples, not to the raw records).
+CACHE_FORMAT = 2
 MANIFEST = "manifest.json"
 DATA_FILE = "data.arrow"
 #: The manifest sections that make up the key, in the order changes are reported.
@@ -105,10 +108,7 @@ def _remote_identity(path: str) -> dict[str, Any]:
 def split_identity(config: TrainConfig, split: str, dataset: Dataset) -> dict[str, Any]:
     """What the raw records of ``split`` are, without reading them."""
     held_out = config.do_eval and config.validation_file is None
-    identity: dict[str, Any] = {
-        "text_column": config.text_column,
-        "max_samples": config.max_train_samples if split == "train" else config.max_eval_samples,
-    }
+    identity: dict[str, Any] = {"text_column": config.text_column}
     if config.dataset_name is not None:
         identity["dataset"] = {
             "name": config.dataset_name,
@@ -325,7 +325,7 @@ def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         "dataset"
     ):
         changes.append("the data changed")
-    for name in ("held_out", "max_samples", "text_column", "read_options"):
+    for name in ("held_out", "text_column", "read_options"):
         if old_data.get(name) != new_data.get(name):
             changes.append(f"{name.replace('_', ' ')} {old_data.get(name)} -> {new_data.get(name)}")
     if old.get("tokenizer") != new["tokenizer"]:

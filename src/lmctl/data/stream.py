@@ -9,6 +9,12 @@ composed with :func:`functools.partial`: a reader with its paths, credentials an
 bound (the shard left free), then the tokenize-and-group step with the tokenizer and block
 size bound.
 
+What is streamed: blocks of concatenated tokens (:func:`block_streams`), or one example per
+line or record (:func:`example_streams`, for ``--line-by-line`` and multiple choice), each
+tokenized by an encoder that the objective hands in: the same function that its prepared
+(non-streaming) data goes through. A text source reads one text column; a record source
+(``load_sources(records=True)``) reads whole records.
+
 Shards:
 
 * txt and JSON-lines files (local or any fsspec URL) are cut into byte ranges aligned to line
@@ -32,6 +38,7 @@ from functools import partial
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
+from lmctl.data.load import sample_limit
 from lmctl.data.tokens import ENCODE_BATCH, BlockCutter, TextEncoder
 from lmctl.errors import ConfigError, DataError
 from lmctl.storage import hub
@@ -121,12 +128,13 @@ def read_text_lines(
 
 
 def read_json_lines(
-    shard: Shard, *, column: str, storage_options: dict[str, Any] | None = None
-) -> Iterator[list[str]]:
-    """The ``column`` values of a JSON-lines shard (blank lines skipped, null read as '')."""
+    shard: Shard, *, column: str | None, storage_options: dict[str, Any] | None = None
+) -> Iterator[list[Any]]:
+    """The ``column`` values of a JSON-lines shard (blank lines skipped, null read as ''), or
+    with ``column`` None the records themselves."""
     for piece in shard:
         for data in read_byte_range(piece, storage_options):
-            texts = []
+            values: list[Any] = []
             for line in _decode(data, piece).splitlines():
                 if not line.strip():
                     continue
@@ -137,36 +145,59 @@ def read_json_lines(
                         f"{piece.path}: invalid JSON line ({exc.msg}): {line[:80]!r}",
                         "fix that line; each line must be one JSON object",
                     ) from exc
+                if column is None:
+                    if not isinstance(record, dict):
+                        raise DataError(
+                            f"{piece.path}: expected a JSON object, got "
+                            f"{type(record).__name__}: {line[:80]!r}",
+                            "write one object per line",
+                        )
+                    values.append(record)
+                    continue
                 value = record.get(column) if isinstance(record, dict) else None
-                texts.append(value if isinstance(value, str) else "")
-            yield texts
+                values.append(value if isinstance(value, str) else "")
+            yield values
 
 
 def read_dataset_shard(
-    index: int, *, dataset: IterableDataset, num_shards: int, column: str
-) -> Iterator[list[str]]:
-    """The ``column`` texts of shard ``index`` of a ``datasets`` stream."""
+    index: int, *, dataset: IterableDataset, num_shards: int, column: str | None
+) -> Iterator[list[Any]]:
+    """The ``column`` texts of shard ``index`` of a ``datasets`` stream, or with ``column``
+    None its records."""
     part = dataset.shard(num_shards=num_shards, index=index, contiguous=True)
     for batch in part.iter(batch_size=ENCODE_BATCH):
-        yield [text if isinstance(text, str) else "" for text in batch[column]]
+        if column is None:
+            names = list(batch)
+            yield [dict(zip(names, row, strict=True)) for row in zip(*batch.values(), strict=True)]
+        else:
+            yield [text if isinstance(text, str) else "" for text in batch[column]]
 
 
 @dataclass
 class TextSource:
-    """One split of raw text: its shards and a reader for one shard."""
+    """One split of raw data: its shards and a reader for one shard. A text source reads
+    batches of texts; a record source (``columns`` set) batches of records (dicts)."""
 
     where: str
     shards: list[Any]
-    read: Callable[[Any], Iterator[list[str]]]
+    read: Callable[[Any], Iterator[list[Any]]]
+    #: A record source's columns (as its first record has them); None for a text source.
+    columns: list[str] | None = None
 
-    def texts(self, limit_bytes: int = TOKENIZER_SAMPLE_BYTES) -> Iterator[list[str]]:
-        """Texts from the start of the source, about ``limit_bytes`` of them."""
+    def texts(
+        self, limit_bytes: int = TOKENIZER_SAMPLE_BYTES, columns: list[str] | None = None
+    ) -> Iterator[list[str]]:
+        """Texts from the start of the source, about ``limit_bytes`` of them (of a record
+        source: the text values of ``columns``)."""
         seen = 0
         for shard in self.shards:
             for batch in self.read(shard):
+                values = batch
+                if columns is not None:
+                    values = [record.get(name) for record in batch for name in columns]
                 kept = []
-                for text in batch:
-                    if text:
+                for text in values:
+                    if text and isinstance(text, str):
                         kept.append(text)
                         seen += len(text)
                     if seen >= limit_bytes:
@@ -228,16 +259,23 @@ def expand(path: str) -> list[str]:
 
 
 def load_sources(
-    config: TrainConfig, *, need_train: bool, need_eval: bool, text_options: dict[str, Any]
+    config: TrainConfig,
+    *,
+    need_train: bool,
+    need_eval: bool,
+    text_options: dict[str, Any],
+    records: bool = False,
 ) -> dict[str, TextSource]:
-    """The ``train``/``validation`` text sources of a streaming run, nothing read yet."""
+    """The ``train``/``validation`` sources of a streaming run, nothing read yet: text
+    sources, or with ``records`` record sources (whole records, for objectives that read
+    several columns)."""
     readers = readers_per_stream(config)
     paths = [path for path in (config.train_file, config.validation_file) if path is not None]
     if config.dataset_name is None and all(
         data_extension(path) in LINE_FORMATS and not _is_json_array(expand(path)) for path in paths
     ):
-        return _line_sources(config, need_train, need_eval, text_options, readers)
-    return _dataset_sources(config, need_train, need_eval, readers)
+        return _line_sources(config, need_train, need_eval, text_options, readers, records=records)
+    return _dataset_sources(config, need_train, need_eval, readers, records=records)
 
 
 def _is_json_array(files: list[str]) -> bool:
@@ -254,6 +292,8 @@ def _line_sources(
     need_eval: bool,
     text_options: dict[str, Any],
     readers: int,
+    *,
+    records: bool,
 ) -> dict[str, TextSource]:
     splits: dict[str, tuple[str, tuple[float, float]]] = {}
     held_out = need_eval and config.validation_file is None
@@ -286,8 +326,18 @@ def _line_sources(
                 f"{where}: no records (the data is empty)",
                 "give a file with at least one non-empty record",
             )
-        reader = _line_reader(config, [file for file, _ in files], text_options)
-        sources[split] = TextSource(where, shards, reader)
+        names = [file for file, _ in files]
+        if records:
+            if data_extension(names[0]) == "txt":
+                raise ConfigError(
+                    f"{path}: records with columns are needed, not plain text",
+                    "use a csv, json, jsonl or parquet file",
+                )
+            columns = list(_first_record(names)[2])
+            reader = partial(read_json_lines, column=None)
+            sources[split] = TextSource(where, shards, reader, columns)
+        else:
+            sources[split] = TextSource(where, shards, _line_reader(config, names, text_options))
     return sources
 
 
@@ -296,11 +346,13 @@ def _line_reader(
 ) -> Callable[[Any], Iterator[list[str]]]:
     if data_extension(files[0]) == "txt":
         return partial(read_text_lines, keep_linebreaks=text_options.get("keep_linebreaks", True))
-    return partial(read_json_lines, column=_json_lines_column(config, files))
+    path, _, record = _first_record(files)
+    column = _pick_column(list(record), config.text_column, path, record)
+    return partial(read_json_lines, column=column)
 
 
-def _json_lines_column(config: TrainConfig, files: list[str]) -> str:
-    """The text column rule applied to the first record of JSON-lines data."""
+def _first_record(files: list[str]) -> tuple[str, int, dict[str, Any]]:
+    """The first record of JSON-lines data: its file, line number and value."""
     path = next((file for file in files if file_size(file) > 0), files[0])
     with _open(path, None) as handle:
         for number, raw_line in enumerate(handle, 1):
@@ -319,7 +371,7 @@ def _json_lines_column(config: TrainConfig, files: list[str]) -> str:
                     f"{path}, line {number}: expected a JSON object with a text field",
                     'write one object per line, e.g. {"text": "..."}',
                 )
-            return _pick_column(list(record), config.text_column, path, record)
+            return path, number, record
     raise DataError(f"{path}: no records (the data is empty)", "give a non-empty file")
 
 
@@ -345,7 +397,7 @@ def _pick_column(
 
 
 def _dataset_sources(
-    config: TrainConfig, need_train: bool, need_eval: bool, readers: int
+    config: TrainConfig, need_train: bool, need_eval: bool, readers: int, *, records: bool
 ) -> dict[str, TextSource]:
     """Sources read through ``datasets`` streaming: Hub datasets, csv, parquet, JSON arrays."""
     import datasets
@@ -389,11 +441,25 @@ def _dataset_sources(
         stream = streams[split]
         if stream.num_shards < readers:
             stream = stream.reshard()
-        column = _stream_column(stream, config.text_column, f"{what} [{split}]")
+        where = f"{what} [{split}]"
         count = stream.num_shards
+        if records:
+            reader = partial(read_dataset_shard, dataset=stream, num_shards=count, column=None)
+            columns = _stream_columns(stream, where)
+            sources[split] = TextSource(where, list(range(count)), reader, columns)
+            continue
+        column = _stream_column(stream, config.text_column, where)
         reader = partial(read_dataset_shard, dataset=stream, num_shards=count, column=column)
-        sources[split] = TextSource(f"{what} [{split}]", list(range(count)), reader)
+        sources[split] = TextSource(where, list(range(count)), reader)
     return sources
+
+
+def _stream_columns(stream: IterableDataset, where: str) -> list[str]:
+    if stream.features is not None:
+        return list(stream.features)
+    for example in stream.take(1):
+        return list(example)
+    raise DataError(f"{where}: no records (the data is empty)", "give non-empty data")
 
 
 def _stream_column(stream: IterableDataset, requested: str | None, where: str) -> str:
@@ -434,34 +500,27 @@ def generate_blocks(
             yield example
 
 
-def generate_lines(
+#: Turns a batch read from a source (texts or records) into model-ready columns; the
+#: number of examples out may differ from the number in (blank lines are dropped).
+Encoder = Callable[[list[Any]], dict[str, list[Any]]]
+
+
+def generate_examples(
     shards: list[Any],
     *,
-    read: Callable[[Any], Iterator[list[str]]],
-    tokenizer: PreTrainedTokenizerBase,
-    max_length: int,
-    pad_to_max_length: bool = False,
+    read: Callable[[Any], Iterator[list[Any]]],
+    encode: Encoder,
 ) -> Generator[dict[str, Any], None, None]:
-    """One example per non-blank line, truncated to ``max_length`` (``--line-by-line``)."""
+    """One example per record (or line) of ``shards``, tokenized by ``encode``, in order."""
     for shard in shards:
         for batch in _rebatch(read(shard)):
-            texts = [text for text in batch if text and not text.isspace()]
-            if not texts:
-                continue
-            encoded = tokenizer(
-                texts,
-                truncation=True,
-                max_length=max_length,
-                padding="max_length" if pad_to_max_length else False,
-                return_special_tokens_mask=True,
-                return_attention_mask=pad_to_max_length,
-            )
-            keys = list(encoded.keys())
-            for row in range(len(texts)):
+            encoded = encode(batch)
+            keys = list(encoded)
+            for row in range(len(encoded[keys[0]]) if keys else 0):
                 yield {key: encoded[key][row] for key in keys}
 
 
-def _rebatch(batches: Iterator[list[str]], size: int = ENCODE_BATCH) -> Iterator[list[str]]:
+def _rebatch(batches: Iterator[list[Any]], size: int = ENCODE_BATCH) -> Iterator[list[Any]]:
     """At most ``size`` texts per batch, so memory stays bounded whatever the line length."""
     for batch in batches:
         for start in range(0, len(batch), size):
@@ -500,31 +559,29 @@ def block_streams(
     return streams
 
 
-def line_streams(
+def example_streams(
     config: TrainConfig,
     sources: dict[str, TextSource],
-    tokenizer: PreTrainedTokenizerBase,
-    max_length: int,
+    encoders: dict[str, Encoder],
     console: Console,
     *,
-    pad_to_max_length: bool = False,
+    unit: str,
 ) -> dict[str, IterableDataset]:
-    """Streams of one example per non-blank line (the streaming side of line-by-line)."""
+    """Streams of one example per line or record (the streaming side of line-by-line and
+    of multiple choice), each split tokenized by its encoder; ``unit`` names what an example
+    is, for messages ('line', 'record')."""
     streams = {}
     for split, source in sources.items():
-        generate = partial(
-            generate_lines,
-            read=source.read,
-            tokenizer=tokenizer,
-            max_length=max_length,
-            pad_to_max_length=pad_to_max_length,
-        )
+        generate = partial(generate_examples, read=source.read, encode=encoders[split])
         if not _yields_anything(generate, source):
             raise DataError(
-                f"{source.where}: no non-empty lines", "give a file with at least one text line"
+                f"{source.where}: no non-empty {unit}s", f"give data with at least one {unit}"
             )
         streams[split] = _finish(config, split, _from_generator(generate, source, None))
-        console.info(f"{split}: streaming {source.where} in {len(source.shards)} shards, by line")
+        console.info(
+            f"{split}: streaming {source.where} in {len(source.shards)} shards, one example "
+            f"per {unit}"
+        )
     return streams
 
 
@@ -550,11 +607,7 @@ def _from_generator(generate: Any, source: TextSource, features: Any) -> Iterabl
 
 def _finish(config: TrainConfig, split: str, stream: IterableDataset) -> IterableDataset:
     """Shuffle the training stream (shard order and a buffer of examples) and apply limits."""
-    if split == "train":
-        if config.shuffle_buffer_size > 0:
-            stream = stream.shuffle(seed=config.seed, buffer_size=config.shuffle_buffer_size)
-        if config.max_train_samples is not None:
-            stream = stream.take(config.max_train_samples)
-    elif config.max_eval_samples is not None:
-        stream = stream.take(config.max_eval_samples)
-    return stream
+    if split == "train" and config.shuffle_buffer_size > 0:
+        stream = stream.shuffle(seed=config.seed, buffer_size=config.shuffle_buffer_size)
+    limit = sample_limit(config, split)
+    return stream if limit is None else stream.take(limit)

@@ -9,7 +9,7 @@ plus one line in ``lmctl.objectives.OBJECTIVES``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -37,17 +37,21 @@ class Objective(ABC):
     reports_perplexity: ClassVar[bool] = True
     #: Architectures to suggest when a model can't be trained for this objective.
     example_models: ClassVar[str] = ""
+    #: Whether a stream of this objective reads whole records (several columns) rather than
+    #: one text column.
+    streams_records: ClassVar[bool] = False
 
     def embedded_default(self) -> dict[str, Any] | None:
         """Values that make ``lmctl train <name>`` run with no model and no data, if any."""
         return None
 
-    def training_texts(
-        self, config: TrainConfig, train: Dataset, where: str
-    ) -> Iterator[list[str]]:
-        """Texts that ``--train-tokenizer`` learns from."""
+    def training_texts(self, config: TrainConfig, train: Any, where: str) -> Iterator[list[str]]:
+        """Texts that ``--train-tokenizer`` learns from: of the loaded train split, or with
+        ``--streaming`` of its source (:class:`lmctl.data.stream.TextSource`)."""
         from lmctl.data.load import iterate_texts, text_column
 
+        if config.streaming:
+            return cast("Iterator[list[str]]", train.texts())
         return iterate_texts(train, text_column(train, config.text_column, where))
 
     def text_options(self, config: TrainConfig) -> dict[str, Any]:

@@ -130,8 +130,10 @@ def _tokenize(
         encoded = tokenizer(texts, return_attention_mask=False, **extras)
         keep = ["input_ids"]
     else:
+        kept = [text for text in texts if not _is_blank(text)]
+        # A batch of blank lines only gives no sample, with the same columns as the others.
         encoded = tokenizer(
-            [text for text in texts if not _is_blank(text)],
+            kept or [""],
             truncation=True,
             max_length=max_length,
             padding="max_length" if pad_to_max_length else False,
@@ -142,7 +144,13 @@ def _tokenize(
         keep.append("special_tokens_mask")
     if offsets:
         keep.append("offset_mapping")
-    return {key: encoded[key] for key in keep}
+    rows = len(encoded["input_ids"]) if max_length is None or kept else 0
+    return {key: encoded[key][:rows] for key in keep}
+
+
+def _tokenize_texts(texts: list[str], **options: Any) -> dict[str, Any]:
+    """:func:`_tokenize` of a plain batch of texts (a stream's lines)."""
+    return _tokenize({"text": texts}, column="text", **options)
 
 
 def tokenize_and_group(
@@ -300,9 +308,27 @@ def tokenize_lines(
     special_tokens_mask: bool = False,
     offsets: bool = False,
 ) -> DatasetDict:
-    """One sample per non-empty line (or record): blank ones skipped, long ones truncated."""
+    """One sample per non-empty line (or record): blank ones skipped, long ones truncated.
+
+    With ``--streaming`` the lines are read and tokenized on the fly, by the same function.
+    """
     import datasets
 
+    options: dict[str, Any] = {
+        "special_tokens_mask": special_tokens_mask,
+        "offsets": offsets,
+        "max_length": max_length,
+        "pad_to_max_length": pad_to_max_length,
+    }
+    if config.streaming:
+        from lmctl.data import stream
+
+        sources = cast("dict[str, stream.TextSource]", raw)
+        encode = partial(_tokenize_texts, tokenizer=tokenizer, **options)
+        streams = stream.example_streams(
+            config, sources, dict.fromkeys(sources, encode), console, unit="line"
+        )
+        return cast("DatasetDict", streams)
     tokenizer_key = tokenizer_fingerprint(tokenizer)
     processed = {}
     for split, dataset in raw.items():
@@ -313,10 +339,7 @@ def tokenize_lines(
             tokenizer,
             tokenizer_key,
             description="tokenizing line by line:",
-            special_tokens_mask=special_tokens_mask,
-            offsets=offsets,
-            max_length=max_length,
-            pad_to_max_length=pad_to_max_length,
+            **options,
         )
         if len(samples) == 0:
             raise DataError(

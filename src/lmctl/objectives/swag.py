@@ -8,6 +8,7 @@ choice, all pairs are tokenized flat and regrouped to (records, choices). Withou
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -177,6 +178,76 @@ def _encode_choices(
     return out
 
 
+BAD_RECORD_HINT = (
+    "fix or remove those records, or the column flags (--label-column, --ending-columns)"
+)
+
+
+def question_column(config: SwagConfig, columns: list[str]) -> str | None:
+    """The question header column, if the data has one."""
+    name = config.question_column
+    if not name or (name == DEFAULT_QUESTION_COLUMN and name not in columns):
+        return None
+    return name
+
+
+def _columns_of(data: Any) -> list[str]:
+    """The columns of a loaded split, or of a stream's record source."""
+    columns = getattr(data, "column_names", None)
+    return list(columns if columns is not None else data.columns or [])
+
+
+def check_columns(config: SwagConfig, columns: list[str], where: str) -> None:
+    """Every column the flags name is in the data."""
+    listed = ", ".join(columns)
+    required = [
+        (config.context_column, "--context-column"),
+        *[(name, "--ending-columns") for name in config.endings],
+        (config.label_column, "--label-column"),
+    ]
+    question = question_column(config, columns)
+    if question is not None:
+        required.insert(1, (question, "--question-column"))
+    for column, flag in required:
+        if column not in columns:
+            raise DataError(f"{where}: no column '{column}' (columns: {listed})", f"fix {flag}")
+
+
+def bad_records(config: SwagConfig, columns: dict[str, list[Any]]) -> list[tuple[int, str]]:
+    """(index, reason) of every record with a missing text or a label that is no choice, by
+    index."""
+    choices = len(config.endings)
+    bad: list[tuple[int, str]] = []
+    for name in (config.context_column, *config.endings):
+        for index, value in enumerate(columns[name]):
+            if _missing(value):
+                bad.append((index, f"'{name}' is missing"))
+    for index, value in enumerate(columns[config.label_column]):
+        if label_value(value, choices) is None:
+            shown = "missing" if value is None else repr(value)
+            reason = f"label {shown} is not a choice (0 to {choices - 1} for {choices} endings)"
+            bad.append((index, reason))
+    return sorted(bad)
+
+
+def _encode_streamed(
+    records: list[dict[str, Any]],
+    *,
+    where: str,
+    config: SwagConfig,
+    needed: list[str],
+    encode: Any,
+) -> dict[str, Any]:
+    """A batch of streamed records, checked like loaded ones, then encoded."""
+    columns = {name: [record.get(name) for record in records] for name in needed}
+    bad = bad_records(config, columns)
+    if bad:
+        index, reason = bad[0]
+        shown = json.dumps(records[index], default=str)[:120]
+        raise DataError(f"{where}: record {shown}: {reason}", BAD_RECORD_HINT)
+    return dict(encode(columns))
+
+
 def _choice(predictions: Any, labels: Any) -> tuple[Any, Any]:
     return predictions, labels
 
@@ -189,68 +260,36 @@ class Swag(Objective):
     tokenizer_algorithm = "wordpiece"
     reports_perplexity = False
     example_models = "bert, roberta, distilbert, albert"
+    streams_records = True
 
     def auto_model_class(self) -> Any:
         from transformers import AutoModelForMultipleChoice
 
         return AutoModelForMultipleChoice
 
-    def _question(self, config: SwagConfig, dataset: Dataset) -> str | None:
-        name = config.question_column
-        if not name or (name == DEFAULT_QUESTION_COLUMN and name not in dataset.column_names):
-            return None
-        return name
-
     def check_records(
         self, config: TrainConfig, dataset: Dataset, where: str, path: str | None
     ) -> None:
         assert isinstance(config, SwagConfig)
-        columns = list(dataset.column_names)
-        listed = ", ".join(columns)
-        required = [
-            (config.context_column, "--context-column"),
-            *[(name, "--ending-columns") for name in config.endings],
-            (config.label_column, "--label-column"),
-        ]
-        question = self._question(config, dataset)
-        if question is not None:
-            required.insert(1, (question, "--question-column"))
-        for column, flag in required:
-            if column not in columns:
-                raise DataError(f"{where}: no column '{column}' (columns: {listed})", f"fix {flag}")
-        choices = len(config.endings)
-        bad: list[tuple[int, str]] = []
-        texts = [config.context_column, *config.endings]
-        for name in texts:
-            for index, value in enumerate(dataset[name]):
-                if _missing(value):
-                    bad.append((index, f"'{name}' is missing"))
-        for index, value in enumerate(dataset[config.label_column]):
-            if label_value(value, choices) is None:
-                shown = "missing" if value is None else repr(value)
-                bad.append(
-                    (
-                        index,
-                        f"label {shown} is not a choice (0 to {choices - 1} for {choices} endings)",
-                    )
-                )
+        check_columns(config, list(dataset.column_names), where)
+        columns = {name: dataset[name] for name in (config.context_column, *config.endings)}
+        columns[config.label_column] = dataset[config.label_column]
+        bad = bad_records(config, columns)
         if bad:
-            bad.sort()
             index, reason = bad[0]
             records = sorted({i for i, _ in bad})
             more = f" ({len(records) - 1} more bad records)" if len(records) > 1 else ""
             raise DataError(
-                f"{where}, {record_location(path, index)}: {reason}{more}",
-                "fix or remove those records, or the column flags (--label-column, "
-                "--ending-columns)",
+                f"{where}, {record_location(path, index)}: {reason}{more}", BAD_RECORD_HINT
             )
 
-    def training_texts(
-        self, config: TrainConfig, train: Dataset, where: str
-    ) -> Iterator[list[str]]:
+    def training_texts(self, config: TrainConfig, train: Any, where: str) -> Iterator[list[str]]:
         assert isinstance(config, SwagConfig)
-        question = self._question(config, train)
+        question = question_column(config, _columns_of(train))
         columns = [config.context_column, *([question] if question else []), *config.endings]
+        if config.streaming:
+            yield from train.texts(columns=columns)
+            return
         for start in range(0, len(train), 1000):
             batch = train[start : start + 1000]
             yield [text for column in columns for text in batch[column] if text]
@@ -283,10 +322,12 @@ class Swag(Objective):
             config.max_seq_length, "--max-seq-length", tokenizer, model_config, console
         )
         console.info(f"max sequence length: {length} tokens per choice")
+        if config.streaming:
+            return self._stream(config, raw, tokenizer, length, console)
         tokenizer_key = tokenizer_fingerprint(tokenizer)
         processed = {}
         for split, dataset in raw.items():
-            question = self._question(config, dataset)
+            question = question_column(config, list(dataset.column_names))
             encode = partial(
                 _encode_choices,
                 tokenizer=tokenizer,
@@ -323,6 +364,45 @@ class Swag(Objective):
     def groups_by_length(self, config: TrainConfig) -> bool:
         assert isinstance(config, SwagConfig)
         return varied_lengths_group(config, not config.pad_to_max_length)
+
+    def _stream(
+        self,
+        config: SwagConfig,
+        raw: Any,
+        tokenizer: PreTrainedTokenizerBase,
+        length: int,
+        console: Console,
+    ) -> Any:
+        """Records read, checked and tokenized on the fly (``--streaming``); the columns are
+        checked on each split's first record before any work."""
+        from lmctl.data import stream
+
+        encoders: dict[str, stream.Encoder] = {}
+        for split, source in raw.items():
+            check_columns(config, source.columns or [], source.where)
+            question = question_column(config, source.columns or [])
+            encoders[split] = partial(
+                _encode_streamed,
+                where=source.where,
+                config=config,
+                needed=[
+                    config.context_column,
+                    *([question] if question else []),
+                    *config.endings,
+                    config.label_column,
+                ],
+                encode=partial(
+                    _encode_choices,
+                    tokenizer=tokenizer,
+                    context=config.context_column,
+                    question=question,
+                    endings=config.endings,
+                    label=config.label_column,
+                    max_length=length,
+                    pad_to_max_length=config.pad_to_max_length,
+                ),
+            )
+        return stream.example_streams(config, raw, encoders, console, unit="record")
 
     def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
         assert isinstance(config, SwagConfig)
