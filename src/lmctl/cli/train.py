@@ -148,10 +148,6 @@ def run_train(
     embedded = objective.embedded_default()
     if embedded and not any(key in cli_values or key in file_keys for key in SOURCE_KEYS):
         defaults = embedded
-        console.info(
-            f"no model and no data given: training the embedded default "
-            f"({embedded.get('model_type')} from scratch on {embedded.get('train_file')})"
-        )
     config = build_config(
         objective.config_class,
         cli_values=cli_values,
@@ -159,6 +155,8 @@ def run_train(
         defaults=defaults,
         objective=name,
     )
+    if defaults:
+        console.info(embedded_default_line(config, defaults, set(cli_values) | file_keys))
     config = with_output_dir(config)
     if dry_run:
         resolved = {"objective": name, **dump_config(config)}
@@ -175,6 +173,28 @@ def run_train(
     if is_main_process():
         console.summary(f"lmctl train {name}: {result['output_dir']}", headline(result["metrics"]))
     return result
+
+
+def embedded_default_line(config: Any, defaults: dict[str, Any], given_keys: set[str]) -> str:
+    """One line saying that the embedded default runs, with the settings of its own that
+    apply (they differ from the defaults that --help shows)."""
+    from pathlib import Path
+
+    from lmctl.config.fields import flag_name
+
+    settings = [
+        key
+        for key in defaults
+        if key not in SOURCE_KEYS and key not in given_keys and key != "config_overrides"
+    ]
+    if config.max_steps:
+        settings = [key for key in settings if key != "num_train_epochs"]
+    shown = ", ".join(f"{flag_name(key)} {getattr(config, key)}" for key in settings)
+    return (
+        f"no model and no data given: training the embedded default, a small "
+        f"{config.model_type} ({config.config_overrides}) from scratch on "
+        f"{Path(str(config.train_file)).name}, with its own settings: {shown}"
+    )
 
 
 def headline(metrics: dict[str, Any]) -> dict[str, Any]:

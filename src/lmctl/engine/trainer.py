@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl.engine.common import EngineResult, NonFiniteLoss, StepReporter, resolve_resume
+from lmctl.engine.common import (
+    EngineResult,
+    NonFiniteLoss,
+    RunTotals,
+    StepReporter,
+    resolve_resume,
+    whole_run,
+)
 from lmctl.errors import ConfigError
 from lmctl.run.signals import StopRequest
 
@@ -101,6 +109,9 @@ def _make_trainer_class() -> type:
         #: With --streaming, the StreamPosition callback that checkpoints record.
         stream_position: Any = None
         save_total_limit: int | None = None
+        #: The run's training totals before this session (None: unknown).
+        run_totals: RunTotals | None = RunTotals()
+        _session_start = 0.0
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -156,6 +167,11 @@ def _make_trainer_class() -> type:
                         stateful[name] = cb.state()
                 if self.stream_position is not None:
                     self.stream_position.write(staging)
+                if self.run_totals is not None:
+                    session_loss = self._total_loss_scalar + float(self._tr_loss.item())
+                    self.run_totals.then(
+                        self.state.global_step, session_loss, time.time() - self._session_start
+                    ).record(self.state)
                 self.state.save_to_json(str(staging / rundir.STATE_FILE))
                 rundir.commit_dir(staging, final)
             self.accelerator.wait_for_everyone()
@@ -213,6 +229,8 @@ def _make_trainer_class() -> type:
                 trial,
             )
             self.state.compute_steps(self.args, max_steps)
+            self.run_totals = RunTotals.of_checkpoint(resume_from_checkpoint)
+            self._session_start = time.time()
             checkpoint = resume_from_checkpoint
             if self.stream_position is None or checkpoint is None or self.args.ignore_data_skip:
                 return epochs, batches
@@ -275,6 +293,7 @@ def _callback_class() -> type:
     class ReportingCallback(TrainerCallback):
         def __init__(self, reporter: StepReporter) -> None:
             self.reporter = reporter
+            self.eval_steps = 0
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.reporter.begin(state.max_steps, state.global_step, state.num_input_tokens_seen)
@@ -293,6 +312,20 @@ def _callback_class() -> type:
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.reporter.end()
+
+        def on_prediction_step(
+            self, args: Any, state: Any, control: Any, eval_dataloader: Any = None, **kwargs: Any
+        ) -> None:
+            self.eval_steps += 1
+            try:
+                total = len(eval_dataloader)
+            except TypeError:
+                total = None
+            self.reporter.eval_step(self.eval_steps, total)
+
+        def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.eval_steps = 0
+            self.reporter.end_eval()
 
     return ReportingCallback
 
@@ -337,7 +370,9 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
             # training metrics (the Trainer would report a loss of 0).
             console.info("the checkpoint was already at the last step; finishing the run")
         else:
-            result.train_metrics = dict(output.metrics)
+            result.train_metrics = whole_run(
+                dict(output.metrics), trainer.run_totals, trainer.state.global_step
+            )
             result.train_metrics["train_samples"] = _train_samples(prepared, args, trainer)
         trainer.save_model()
         trainer.save_state()
