@@ -393,8 +393,8 @@ def results_destination(
     if existing.exists() and not overwrite:
         # Re-evaluating a finished run is the common case: its results go to stdout only.
         console.info(
-            f"keeping {existing}; results are not saved (give --overwrite-results to replace "
-            "it, or --output FILE)"
+            f"{existing} exists: keeping it, results on stdout only (give "
+            "--overwrite-results to replace it, or --output FILE)"
         )
         return None
     if existing.exists():
