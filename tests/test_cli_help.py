@@ -51,6 +51,14 @@ def _heavy_modules(*args: str) -> tuple[list[str], str]:
         ("prepare", "--help"),
         ("prepare", "clm", "--help"),
         ("prepare", "clm", "--tokenizer", "t", "--train-file", "missing.txt"),
+        ("config", "--help"),
+        ("config", "show", "clm", "--help"),
+        ("config", "show", "clm", "--model-type", "gpt2", "--train-tokenizer", "100"),
+        ("config", "validate", "missing.yaml"),
+        ("config", "schema", "clm"),
+        ("runs", "--help"),
+        ("runs", "no/such/folder"),
+        ("env", "--help"),
     ],
 )
 def test_no_heavy_import(args: tuple[str, ...]) -> None:

@@ -28,6 +28,8 @@ LAYERS: list[tuple[str, ...]] = [
         "lmctl.metrics",
         "lmctl.distributed",
         "lmctl.resources",
+        "lmctl.secrets",
+        "lmctl.environment",
         "lmctl",
     ),
 ]
@@ -70,9 +72,8 @@ def layer_of(module: str) -> int:
     best: tuple[int, int] | None = None  # (prefix length, layer index): the longest prefix wins
     for index, members in enumerate(LAYERS):
         for prefix in members:
-            if (module == prefix or module.startswith(prefix + ".")) and (
-                best is None or len(prefix) > best[0]
-            ):
+            within = module == prefix or (prefix != "lmctl" and module.startswith(prefix + "."))
+            if within and (best is None or len(prefix) > best[0]):
                 best = (len(prefix), index)
     if best is None:
         raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in {__file__}")

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
 
+from lmctl.secrets import mask_text
+
 
 @dataclass(frozen=True)
 class OutputOptions:
@@ -91,6 +93,27 @@ def format_duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
+SPARK_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 32) -> str:
+    """``values`` as a line of block characters, averaged into at most ``width`` buckets."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return ""
+    if len(finite) > width:
+        size = len(finite) / width
+        finite = [
+            sum(chunk) / len(chunk)
+            for i in range(width)
+            if (chunk := finite[int(i * size) : max(int((i + 1) * size), int(i * size) + 1)])
+        ]
+    low, high = min(finite), max(finite)
+    span = (high - low) or 1.0
+    top = len(SPARK_BARS) - 1
+    return "".join(SPARK_BARS[round((v - low) / span * top)] for v in finite)
+
+
 class Console:
     def __init__(self, options: OutputOptions | None = None, out: TextIO | None = None) -> None:
         self.options = options or OutputOptions()
@@ -113,6 +136,7 @@ class Console:
 
     # Messages -----------------------------------------------------------------------------
     def _line(self, level: str, message: str, style: str = "") -> None:
+        message = mask_text(message)
         if self.plain:
             stamp = datetime.now().strftime("%Y-%m-%dT%H:%M:%S")
             sys.stderr.write(f"{stamp} {level:<5} {message}\n")
@@ -129,6 +153,8 @@ class Console:
         self._line("WARN", message, "yellow")
 
     def error(self, message: str, hint: str | None = None) -> None:
+        message = mask_text(message)
+        hint = mask_text(hint) if hint else hint
         if self.plain:
             self._line("ERROR", message if not hint else f"{message} (hint: {hint})")
             return
@@ -201,7 +227,7 @@ class Console:
         from rich.console import Console as RichConsole
         from rich.table import Table
 
-        table = Table(title=title, show_header=False)
+        table = Table(title=mask_text(title), show_header=False)
         table.add_column("metric", style="bold")
         table.add_column("value", justify="right")
         for key, value in metrics.items():
@@ -211,13 +237,61 @@ class Console:
     def result(self, payload: dict[str, Any]) -> None:
         """With --json, the single JSON object on stdout."""
         if self.options.json:
-            self.write(json.dumps(payload, default=str) + "\n")
+            self.write(json_text(payload) + "\n")
 
     def write(self, text: str) -> None:
-        """Text that is the command's result (a table, a listing, YAML), on stdout."""
+        """Text that is the command's result (a table, a listing, YAML), on stdout; known
+        secrets are masked."""
         stream = self.out or sys.stdout
-        stream.write(text)
+        stream.write(mask_text(text))
         stream.flush()
+
+
+def finite(data: Any) -> tuple[Any, list[str]]:
+    """``data`` with every NaN or infinity replaced by None, and the dotted keys replaced.
+
+    Strict JSON has no NaN or Infinity: a value that is not finite is written as ``null`` and
+    its key listed under ``"non_finite"`` (see :func:`json_text`).
+    """
+    found: list[str] = []
+
+    def walk(value: Any, where: str) -> Any:
+        if hasattr(value, "item") and not isinstance(value, (dict, list, tuple, str)):
+            try:
+                value = value.item()
+            except (TypeError, ValueError):
+                return value
+        if isinstance(value, float) and not math.isfinite(value):
+            found.append(where)
+            return None
+        if isinstance(value, dict):
+            return {k: walk(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [walk(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    return walk(data, ""), found
+
+
+def with_non_finite_note(data: dict[str, Any]) -> dict[str, Any]:
+    """A JSON object with non-finite numbers as null and a ``"non_finite"`` list naming them."""
+    clean, found = finite(data)
+    listed = [
+        key for key in clean.get("non_finite") or [] if key not in clean or clean[key] is None
+    ]
+    for key in found:
+        if key not in listed:
+            listed.append(key)
+    if listed:
+        clean["non_finite"] = listed
+    else:
+        clean.pop("non_finite", None)
+    return dict(clean)
+
+
+def json_text(data: dict[str, Any], **kwargs: Any) -> str:
+    """Strict JSON (no NaN or Infinity) of one object; see :func:`with_non_finite_note`."""
+    return json.dumps(with_non_finite_note(data), default=str, allow_nan=False, **kwargs)
 
 
 def _escape(text: str) -> str:

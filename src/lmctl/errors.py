@@ -8,6 +8,7 @@ unless ``LMCTL_DEBUG=1``.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 
 class ExitCode(IntEnum):
@@ -40,10 +41,14 @@ class LmctlError(Exception):
 
     exit_code: ExitCode = ExitCode.INTERNAL
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
+    def __init__(
+        self, message: str, hint: str | None = None, details: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        #: Extra keys of the ``--json`` result object (e.g. every problem of a config file).
+        self.details = details or {}
 
 
 class ConfigError(LmctlError):

@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from lmctl.config.base import TrainConfig
 from lmctl.config.fields import flag_name
-from lmctl.errors import ConfigError, Interrupted
+from lmctl.errors import ConfigError, Interrupted, ModelError
 from lmctl.metrics import loss_metrics
 from lmctl.models.build import looks_like_path
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import rundir
+from lmctl.run.plots import write_loss_plot
 from lmctl.run.resume import resume_command
+from lmctl.storage.locations import localize
 from lmctl.storage.paths import is_remote, local_path
 
 if TYPE_CHECKING:
@@ -112,9 +114,11 @@ def resolve_target(path: str, task: str | None) -> Target:
         raise ConfigError(
             f"--task {task}: unknown objective", "choose one of " + ", ".join(OBJECTIVES)
         )
-    local = local_path(path)
-    if is_remote(path) or not local.exists():
-        if is_remote(path) or looks_like_path(path):
+    remote = is_remote(path)
+    # A storage URL is fetched into the same local cache that training reads models from.
+    local = localize(path) if remote else local_path(path)
+    if not local.exists():
+        if looks_like_path(path):
             raise ConfigError(
                 f"{path}: no such directory",
                 "give a run directory, a checkpoint directory or a model directory",
@@ -130,8 +134,8 @@ def resolve_target(path: str, task: str | None) -> Target:
         objective = _saved_objective(saved, local / rundir.CONFIG_FILE, task)
         weights = _run_weights(local)
         # Results describe the weights evaluated: a run without a final model yet keeps
-        # them in the checkpoint that was used.
-        return Target("run", path, str(weights), objective, saved, weights)
+        # them in the checkpoint that was used. A fetched copy is not the run: no results.
+        return Target("run", path, str(weights), objective, saved, None if remote else weights)
     parent = local.resolve().parent
     if rundir.CHECKPOINT_PATTERN.match(local.name) and (parent / rundir.CONFIG_FILE).is_file():
         problem = rundir.checkpoint_problem(local)
@@ -144,6 +148,7 @@ def resolve_target(path: str, task: str | None) -> Target:
         objective = _saved_objective(saved, parent / rundir.CONFIG_FILE, task)
         return Target("checkpoint", path, str(local), objective, saved, local)
     if (local / MODEL_CONFIG).is_file():
+        _check_model_files(local)
         return Target("model", path, str(local), _model_objective(str(local), task, local))
     raise ConfigError(
         f"{path} is neither a run directory ({rundir.CONFIG_FILE}), a checkpoint nor a model "
@@ -171,6 +176,7 @@ def _saved_objective(saved: dict[str, Any], where: Path, task: str | None) -> Ob
 def _run_weights(run_dir: Path) -> Path:
     """The run's final model, or its newest complete checkpoint when it has none yet."""
     if (run_dir / MODEL_CONFIG).is_file():
+        _check_model_files(run_dir)
         return run_dir
     checkpoint = rundir.latest_checkpoint(run_dir)
     if checkpoint is None:
@@ -179,6 +185,17 @@ def _run_weights(run_dir: Path) -> Path:
             f"finish it first: {resume_command(run_dir)}",
         )
     return checkpoint
+
+
+def _check_model_files(folder: Path) -> None:
+    """Refuse a final model whose files do not match the manifest of its save."""
+    problem = rundir.model_problem(folder)
+    if problem is not None:
+        raise ModelError(
+            f"{folder}: the model is incomplete or corrupted ({problem})",
+            "train it again, or evaluate one of its checkpoints (lmctl eval "
+            f"{folder}/checkpoint-N)",
+        )
 
 
 def _model_objective(name: str, task: str | None, local: Path | None) -> Objective:
@@ -387,7 +404,8 @@ def results_destination(
             console.warn(f"--output {output}: replacing the existing file")
         return file
     if target.results_dir is None:
-        console.info("a bare model directory: results are not saved (give --output FILE)")
+        what = "a remote model" if is_remote(target.path) else "a bare model directory"
+        console.info(f"{what}: results are not saved (give --output FILE)")
         return None
     existing = target.results_dir / RESULTS_FILE
     if existing.exists() and not overwrite:
@@ -409,6 +427,27 @@ def save(target: Target, destination: Path, metrics: dict[str, Any]) -> None:
         rundir.save_results(destination.parent, "eval", metrics)
     else:
         rundir.write_json(destination, metrics)
+
+
+def record_in_run(target: Target, metrics: dict[str, Any], console: Console) -> None:
+    """An evaluation of a run's weights on its own data joins the run's metrics log, and its
+    loss.png is redrawn with it."""
+    weights = Path(target.weights)
+    if target.kind == "model" or not weights.is_dir():
+        return
+    is_checkpoint = rundir.CHECKPOINT_PATTERN.match(weights.name) is not None
+    run_dir = weights.parent if is_checkpoint else weights
+    if not (run_dir / rundir.CONFIG_FILE).is_file():
+        return
+    if is_checkpoint:
+        step = rundir.checkpoint_step(weights)
+    else:
+        try:
+            step = int(json.loads((run_dir / rundir.STATE_FILE).read_text())["global_step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+    rundir.append_metrics(run_dir, {"event": "eval", "step": step, **metrics})
+    write_loss_plot(run_dir, console)
 
 
 # The command -------------------------------------------------------------------------------------
@@ -458,6 +497,8 @@ def run_evaluation(
     if destination is not None:
         save(target, destination, metrics)
         console.info(f"results written to {destination}")
+    if not any(key in options for key in SOURCE_FIELDS):
+        record_in_run(target, metrics, console)
     return {
         "path": path,
         "kind": target.kind,

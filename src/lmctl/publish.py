@@ -2,7 +2,11 @@
 
 What is pushed: the final model, tokenizer, config, results and the model card of a run
 directory (the card is regenerated first from the run's config and ``all_results.json``), or
-every file of a model directory. ``checkpoint-*`` folders only on request.
+every file of a model directory. ``checkpoint-*`` folders only on request (whole, so that
+they can be resumed). Of a checkpoint pushed on its own, only the model files: its training
+state (optimizer, scheduler, RNG states, trainer state) only with ``include_optimizer``. A
+model whose files do not match the manifest of its save is refused, and a
+``training_args.bin`` holding a secret is never uploaded.
 
 Hub: one commit for the whole upload through ``huggingface_hub`` (the repository and the
 branch are created when missing).
@@ -30,8 +34,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lmctl import __version__
-from lmctl.errors import ConfigError, PermissionDenied, RemoteUnreachable
+from lmctl import __version__, secrets
+from lmctl.errors import ConfigError, ModelError, PermissionDenied, RemoteUnreachable
 from lmctl.run import rundir
 from lmctl.storage import hub, locations
 
@@ -49,11 +53,33 @@ _CARD_COMMAND = re.compile(r"^## Training\n\n```\n(.+?)\n```", re.MULTILINE | re
 _CARD_VERSIONS = re.compile(r"^## Framework versions\n\n((?:- \S+ .+\n?)+)", re.MULTILINE)
 
 
+#: A checkpoint's training state: what resuming needs, not what loading the model needs.
+TRAINING_STATE = re.compile(
+    r"^(optimizer|scheduler|scaler)(_\d+)?\.(pt|bin|safetensors)$|^rng_state(_\d+)?\.pth$"
+    r"|^random_states_\d+\.pkl$|^custom_checkpoint_\d+\.pkl$|^sampler(_\d+)?\.bin$"
+    r"|^dl_state_dict(_\d+)?\.bin$|^(trainer_state|stream_position)\.json$"
+    r"|^training_args\.bin$|^latest$|^zero_to_fp32\.py$|^" + re.escape(rundir.MANIFEST_FILE) + "$"
+)
+#: Folders of training state inside a checkpoint (DeepSpeed's ZeRO state, FSDP's optimizer).
+TRAINING_STATE_DIRS = re.compile(r"^(global_step\d+|optimizer_\d+)$")
+#: Pickles that may hold settings, checked for secrets before they are uploaded.
+PICKLED_SETTINGS = ("training_args.bin",)
+
+
 @dataclass(frozen=True)
 class LocalFile:
     rel: str
     path: Path
     size: int
+
+
+@dataclass
+class Selection:
+    """What a push uploads, and what it leaves behind and why."""
+
+    files: list[LocalFile]
+    training_state: list[str]
+    withheld: dict[str, str]
 
 
 # What is pushed ---------------------------------------------------------------------------
@@ -63,8 +89,24 @@ def is_run_dir(path: Path) -> bool:
     return (path / rundir.CONFIG_FILE).is_file()
 
 
-def collect_files(path: Path, *, include_checkpoints: bool) -> list[LocalFile]:
+def is_checkpoint(path: Path) -> bool:
+    return bool(rundir.CHECKPOINT_PATTERN.match(path.name)) and (
+        (path / rundir.MANIFEST_FILE).is_file() or (path / rundir.STATE_FILE).is_file()
+    )
+
+
+def collect_files(
+    path: Path, *, include_checkpoints: bool, include_optimizer: bool = False
+) -> list[LocalFile]:
     """The files to publish from a run or model directory, in a stable order."""
+    return select_files(
+        path, include_checkpoints=include_checkpoints, include_optimizer=include_optimizer
+    ).files
+
+
+def select_files(path: Path, *, include_checkpoints: bool, include_optimizer: bool) -> Selection:
+    """The files to publish, with the training state left out of checkpoints (unless
+    ``include_optimizer``) and pickled settings that hold a secret withheld."""
     if not path.is_dir():
         raise ConfigError(f"{path}: no such directory", "give a run directory or a model directory")
     if not (path / "config.json").is_file():
@@ -78,17 +120,48 @@ def collect_files(path: Path, *, include_checkpoints: bool) -> list[LocalFile]:
             "(config.json)",
             "give the --output-dir of a run or a folder written by save_pretrained",
         )
-    files = []
+    _check_complete(path)
+    selection = Selection([], [], {})
+    checked: set[str] = set()
+    # A checkpoint pushed on its own is a model; --include-checkpoints keeps a run's
+    # checkpoints whole (they are there to be resumed).
+    model_only = is_checkpoint(path) and not include_optimizer
     for file in sorted(path.rglob("*")):
         rel = file.relative_to(path)
         if any(part.startswith(".") for part in rel.parts) or not file.is_file():
             continue
         if rel.as_posix() == locations.MANIFEST:
             continue
-        if not include_checkpoints and rundir.CHECKPOINT_PATTERN.match(rel.parts[0]):
+        in_checkpoint = bool(rundir.CHECKPOINT_PATTERN.match(rel.parts[0])) and len(rel.parts) > 1
+        if in_checkpoint and not include_checkpoints:
             continue
-        files.append(LocalFile(rel.as_posix(), file, file.stat().st_size))
-    return files
+        if in_checkpoint and rel.parts[0] not in checked:
+            checked.add(rel.parts[0])
+            _check_complete(path / rel.parts[0])
+        if model_only and _is_state(rel.parts):
+            selection.training_state.append(rel.as_posix())
+            continue
+        if rel.name in PICKLED_SETTINGS and (found := secrets.pickled_secret(file)) is not None:
+            selection.withheld[rel.as_posix()] = found
+            continue
+        selection.files.append(LocalFile(rel.as_posix(), file, file.stat().st_size))
+    return selection
+
+
+def _is_state(parts: tuple[str, ...]) -> bool:
+    return bool(TRAINING_STATE.match(parts[-1])) or bool(
+        len(parts) > 1 and TRAINING_STATE_DIRS.match(parts[0])
+    )
+
+
+def _check_complete(path: Path) -> None:
+    """Refuse a model or checkpoint whose files do not match the manifest of its save."""
+    problem = rundir.checkpoint_problem(path) if is_checkpoint(path) else rundir.model_problem(path)
+    if problem is not None:
+        raise ModelError(
+            f"{path}: the model is incomplete or corrupted ({problem}); nothing was pushed",
+            "train it again, or push one of its complete checkpoints",
+        )
 
 
 def refresh_model_card(run_dir: Path, console: Console) -> None:
@@ -152,6 +225,10 @@ class Target(Protocol):
 
     def publish(self, files: list[LocalFile]) -> dict[str, Any]:
         """Upload ``files``; the result describes what happened."""
+
+    def published_files(self) -> list[str]:
+        """The files of a model published there before, which a push replaces and deletes
+        when the new model lacks them (empty when a push never deletes)."""
 
 
 def target_for(
@@ -259,6 +336,9 @@ class HubTarget:
             "bytes": sum(item.size for item in files),
         }
 
+    def published_files(self) -> list[str]:
+        return []  # a Hub commit adds and replaces files; it never deletes any
+
     @contextmanager
     def _errors(self) -> Iterator[None]:
         try:
@@ -305,8 +385,7 @@ def _hub_failure(exc: Exception, where: str) -> Exception:
             f"{where}: the Hugging Face Hub ({hub.endpoint()}) is unreachable",
             "check the network connection and rerun the same command",
         )
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
+    status = hub.http_status(exc)
     detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else kind
     if status in (401, 403):
         return PermissionDenied(
@@ -362,6 +441,23 @@ class StoreTarget:
         self._checked = True
         self.console.info(f"{self.url}: write access checked")
 
+    def published_files(self) -> list[str]:
+        """The files the destination's manifest lists (and an interrupted push's kept copy of
+        the one before)."""
+        try:
+            fs, root = locations.open_location(self.location, fail_fast=True)
+            listed: list[str] = []
+            for manifest in (
+                f"{root}/{locations.MANIFEST}",
+                f"{self._staging(root)}/.previous-{locations.MANIFEST}",
+            ):
+                for item in (_read_manifest(fs, manifest) or {}).get("files", []):
+                    if isinstance(item, dict) and isinstance(item.get("path"), str):
+                        listed.append(item["path"])
+        except Exception as exc:
+            raise locations.failure(exc, self.url) from exc
+        return sorted(set(listed))
+
     def publish(self, files: list[LocalFile]) -> dict[str, Any]:
         self.check_access()
         fs, root = locations.open_location(self.location)
@@ -386,7 +482,7 @@ class StoreTarget:
                 in_place.add(item.rel)
                 continue
             self._make_parent(fs, staged)
-            fs.put_file(str(item.path), staged)
+            locations.upload(fs, item.path, staged, item.size)
             if not locations.object_matches(fs, staged, item.size, digests[item.rel]):
                 raise RemoteUnreachable(
                     f"{self.url}: {item.rel} does not match its size or checksum after upload",
@@ -409,7 +505,10 @@ class StoreTarget:
             final = f"{root}/{item.rel}"
             self._make_parent(fs, final)
             fs.mv(f"{staging}/{item.rel}", final)
-            if not locations.object_matches(fs, final, item.size, digests[item.rel]):
+            # Verified in staging already: a move inside the store is not downloaded again.
+            if not locations.object_matches(
+                fs, final, item.size, digests[item.rel], read_back=False
+            ):
                 raise RemoteUnreachable(
                     f"{self.url}: {item.rel} does not match its checksum after moving it "
                     "into place",
@@ -485,23 +584,42 @@ def push(
     include_checkpoints: bool,
     dry_run: bool,
     console: Console,
+    include_optimizer: bool = False,
 ) -> dict[str, Any]:
-    """``lmctl push``: refresh a run's model card, then publish (or list, with ``dry_run``)."""
-    files = collect_files(path, include_checkpoints=include_checkpoints)
+    """``lmctl push``: refresh a run's model card, then publish (or list, with ``dry_run``:
+    the files it would upload, and those of another model at the destination it would
+    delete)."""
+    options = {"include_checkpoints": include_checkpoints, "include_optimizer": include_optimizer}
+    selection = select_files(path, **options)
+    _report_left_out(selection, console)
     if dry_run:
+        current = {item.rel for item in selection.files}
         return {
             "dry_run": True,
             "destination": target.url,
-            "files": [{"path": item.rel, "size": item.size} for item in files],
-            "bytes": sum(item.size for item in files),
+            "files": [{"path": item.rel, "size": item.size} for item in selection.files],
+            "bytes": sum(item.size for item in selection.files),
+            "delete": [rel for rel in target.published_files() if rel not in current],
+            "left_out": selection.training_state,
+            "withheld": sorted(selection.withheld),
         }
     target.check_access()
     if is_run_dir(path):
         refresh_model_card(path, console)
-        files = collect_files(path, include_checkpoints=include_checkpoints)
+        selection = select_files(path, **options)
     elif not (path / "README.md").is_file():
         console.warn(f"{path} has no model card (README.md); pushing without one")
-    return target.publish(files)
+    return target.publish(selection.files)
+
+
+def _report_left_out(selection: Selection, console: Console) -> None:
+    if selection.training_state:
+        console.info(
+            f"leaving out {len(selection.training_state)} files of checkpoint training state "
+            "(optimizer, scheduler, RNG and trainer state); --include-optimizer pushes them"
+        )
+    for rel, key in selection.withheld.items():
+        console.warn(f"not pushing {rel}: it holds a secret ({key})")
 
 
 class PushAfterTraining:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
+from lmctl.cli.help import CommandDoc, add_command
 from lmctl.cli.options import PANEL_OUTPUT, JsonOpt, NoProgressOpt, QuietOpt
 from lmctl.cli.params import config_parameters, with_signature
 from lmctl.cli.runner import run_command
@@ -38,17 +39,20 @@ Evaluate the final model of a run, on its validation data:
 
 A checkpoint on other data, as JSON:
 
-    lmctl eval runs/clm-20250101-120000/checkpoint-500 --validation-file test.txt --json
+    lmctl eval runs/clm-20250101-120000/checkpoint-500 \\
+        --validation-file test.txt --json
 
 A model directory:
 
-    lmctl eval ./gpt2-small --task clm --validation-file test.txt --block-size 512 -O ppl.json
+    lmctl eval ./gpt2-small --task clm --validation-file test.txt \\
+        --block-size 512 -O ppl.json
 """
 
 PathArg = Annotated[
     str,
     typer.Argument(
-        help="A run directory, a checkpoint directory or a model directory.",
+        help="A run directory, a checkpoint directory or a model directory: a local path "
+        "or a storage URL (s3://bucket/model, file:///abs/path, ...).",
         metavar="PATH",
         show_default=False,
     ),
@@ -162,6 +166,6 @@ def run_eval(
     return result
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, parent: CommandDoc) -> None:
     command = with_signature(_command, _parameters(), HELP)
-    app.command("eval", help=HELP, short_help="Evaluate a run, a checkpoint or a model.")(command)
+    add_command(app, parent, "eval", command, "Evaluate a run, a checkpoint or a model.")

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-PANEL_OUTPUT = "Output"
+from lmctl.config.fields import PANEL_OUTPUT
 
 ConfigOpt = Annotated[
     str | None,

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 from pydantic.fields import FieldInfo
 
+from lmctl.cli.help import CommandDoc, add_command, add_group
 from lmctl.cli.train import objective_command
 from lmctl.config.fields import PANEL_DATA, PANEL_MODEL, PANEL_OBJECTIVE, field_extra
 from lmctl.console import Console
@@ -23,20 +24,13 @@ SKIPPED_FIELDS = ("streaming", "shuffle_buffer_size", "dtype")
 EXAMPLES = """
 Prepare once, then train as often as you like without tokenizing again:
 
-    lmctl prepare {name} --train-file corpus.txt --tokenizer-name ./tok --block-size 512
-    lmctl train {name} --model ./gpt2-small --train-file corpus.txt --block-size 512
+    lmctl prepare {name} --train-file corpus.txt --tokenizer-name ./tok
+    lmctl train {name} --model ./gpt2-small --train-file corpus.txt
 
 With the config file the training run will use (same cache key, training options ignored):
 
     lmctl prepare {name} --config run.yaml --preprocessing-num-workers 8
 """
-
-prepare_app = typer.Typer(
-    name="prepare",
-    help="Tokenize and group data into the prepared-data cache that training reuses.",
-    no_args_is_help=True,
-    rich_markup_mode="markdown",
-)
 
 
 def _decides_data(name: str, info: FieldInfo) -> bool:
@@ -71,7 +65,7 @@ def run_prepare(
         command="prepare",
     )
     if dry_run:
-        resolved = {"objective": name, **dump_config(config)}
+        resolved = {"objective": name, **dump_config(config, masked=True)}
         if not console.options.json:
             import yaml
 
@@ -98,9 +92,13 @@ def run_prepare(
     }
 
 
-def register() -> None:
+def register(app: typer.Typer, parent: CommandDoc) -> None:
+    group, doc = add_group(
+        app,
+        parent,
+        "prepare",
+        "Tokenize and group data into the prepared-data cache that training reuses.",
+    )
     for name in OBJECTIVES:
-        objective = get_objective(name)
-        prepare_app.command(name, help=None, short_help=f"Prepare data for: {objective.summary}")(
-            _make_command(name)
-        )
+        summary = f"Prepare data for: {get_objective(name).summary}"
+        add_command(group, doc, name, _make_command(name), summary)

@@ -16,11 +16,16 @@ from lmctl.console import Console, OutputOptions
 
 HELP = """Publish a run or model directory to the Hugging Face Hub or an object store.
 
-PATH is a run directory (its model card is regenerated first from its config and results)
-or a model directory written by save_pretrained. Checkpoints stay behind unless
---include-checkpoints. Object stores get an atomic publication: staged, verified, moved into
-place, and a manifest (lmctl-manifest.json) written last; rerun an interrupted push and it
-resumes without uploading verified files again.
+PATH is a run directory (its model card is regenerated first from its config and results),
+one of its checkpoint-N folders, or a model directory written by save_pretrained.
+A run's checkpoints stay behind unless --include-checkpoints (then whole). Of a checkpoint
+pushed on its own only the model files go: its optimizer, scheduler, RNG and trainer state
+only with --include-optimizer. A model
+whose files do not match the manifest of its save is refused (exit 5).
+
+Object stores get an atomic publication: staged, verified, moved into place, and a manifest
+(lmctl-manifest.json) written last; rerun an interrupted push and it resumes without
+uploading verified files again.
 
 Credentials: the Hub token comes from --token-file, --token, HF_TOKEN or 'hf auth login';
 object stores use their provider's environment variables and config files (e.g.
@@ -29,7 +34,8 @@ object stores use their provider's environment variables and config files (e.g.
 
 Push a run to the Hub, privately, on a branch:
 
-    lmctl push runs/clm-20260101-120000 --to hf://my-user/tiny-gpt2 --private --revision v1
+    lmctl push runs/clm-20260101-120000 --to hf://my-user/tiny-gpt2 \\
+        --private --revision v1
 
 Publish to S3 (see what would be uploaded first):
 
@@ -49,7 +55,8 @@ PushDryRunOpt = Annotated[
     bool,
     typer.Option(
         "--dry-run",
-        help="List the files and sizes that would be uploaded, and exit.",
+        help="List the files and sizes that would be uploaded (and those of another model at "
+        "the destination that would be deleted), and exit.",
         rich_help_panel=PANEL_OUTPUT,
     ),
 ]
@@ -88,6 +95,7 @@ def run_push(
         path,
         target,
         include_checkpoints=config.include_checkpoints,
+        include_optimizer=config.include_optimizer,
         dry_run=dry_run,
         console=console,
     )
@@ -115,6 +123,12 @@ def _print_listing(result: dict[str, Any], console: Console) -> None:
     lines = [f"would upload {len(files)} files to {result['destination']}:"]
     lines += [f"  {item['path']:<{width}}  {human_size(item['size']):>9}" for item in files]
     lines.append(f"  {'total':<{width}}  {human_size(result['bytes']):>9}")
+    deleted = result.get("delete") or []
+    if deleted:
+        lines.append(
+            f"would delete {len(deleted)} files of the model now at {result['destination']}:"
+        )
+        lines += [f"  {rel}" for rel in deleted]
     console.write("\n".join(lines) + "\n")
 
 

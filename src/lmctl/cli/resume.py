@@ -14,13 +14,14 @@ from typing import Annotated, Any
 import typer
 from pydantic import BaseModel
 
+from lmctl.cli.help import CommandDoc, add_command
 from lmctl.cli.options import DryRunOpt, JsonOpt, NoProgressOpt, QuietOpt
 from lmctl.cli.params import config_parameters, given, given_flags, union_fields, with_signature
 from lmctl.cli.runner import run_command
 from lmctl.config.base import TrainConfig
 from lmctl.console import Console, OutputOptions
 from lmctl.objectives import OBJECTIVES, get_objective
-from lmctl.run.resume import RESUME_OVERRIDES
+from lmctl.run.resume import RESUME_OVERRIDES, local_run_dir
 
 HELP = """Continue an interrupted or finished run from its newest complete checkpoint.
 
@@ -94,7 +95,7 @@ def _command(run_dir: str, **values: Any) -> None:
         if name in RESUME_OVERRIDES
     }
     run_command(
-        lambda console: run_resume(Path(run_dir), overrides, forbidden, dry_run, console),
+        lambda console: run_resume(local_run_dir(run_dir), overrides, forbidden, dry_run, console),
         output,
         "resume",
     )
@@ -127,14 +128,12 @@ def run_resume(
     from lmctl.engine import train
 
     result = train(plan.config, plan.objective, console)
-    console.summary(f"lmctl resume: {result['output_dir']}", headline(result["metrics"]))
+    shown = headline(result["metrics"], result["output_dir"])
+    console.summary(f"lmctl resume: {result['output_dir']}", shown)
     return {"resumed_from": str(plan.checkpoint), **result}
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, parent: CommandDoc) -> None:
     command = with_signature(_command, _parameters(), HELP)
-    app.command(
-        "resume",
-        help=HELP,
-        short_help="Continue an interrupted or finished run from its newest checkpoint.",
-    )(command)
+    summary = "Continue an interrupted or finished run from its newest checkpoint."
+    add_command(app, parent, "resume", command, summary)

@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from lmctl import secrets
 from lmctl.console import Console, OutputOptions, own_stdout
 from lmctl.distributed import is_main_process
 from lmctl.errors import ExitCode, LmctlError
@@ -41,6 +42,7 @@ def _run(
     body: Callable[[Console], dict[str, Any] | None], console: Console, command: str
 ) -> ExitCode:
     output = console.options
+    secrets.register_environment()
     console.capture_warnings()
     sigterm_as_interrupt()
     code = ExitCode.OK
@@ -51,7 +53,7 @@ def _run(
         console.stop_progress()
         code = exc.exit_code
         console.error(exc.message, exc.hint)
-        payload = {"error": exc.message, "hint": exc.hint}
+        payload = {"error": exc.message, "hint": exc.hint, **exc.details}
         _maybe_traceback()
     except KeyboardInterrupt:
         console.stop_progress()

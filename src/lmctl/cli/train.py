@@ -9,9 +9,11 @@ from typing import Any
 import typer
 from pydantic.fields import FieldInfo
 
+from lmctl.cli.help import CommandDoc, add_command, add_group
 from lmctl.cli.options import ConfigOpt, DryRunOpt, JsonOpt, NoProgressOpt, QuietOpt
 from lmctl.cli.params import config_parameters, given, with_signature
 from lmctl.cli.runner import run_command
+from lmctl.config.base import TrainConfig
 from lmctl.console import Console, OutputOptions
 from lmctl.distributed import is_main_process
 from lmctl.objectives import OBJECTIVES, get_objective
@@ -35,32 +37,40 @@ Train a tiny GPT-2 on the bundled Shakespeare corpus (no model, no data needed):
 
 Fine-tune a local model on your text:
 
-    lmctl train clm --model ./gpt2-small --train-file corpus.txt --block-size 512 -o runs/mine
+    lmctl train clm --model ./gpt2-small --train-file corpus.txt \\
+        --block-size 512 -o runs/mine
 
 From scratch with a new tokenizer, in CI:
 
-    lmctl train clm --model-type gpt2 --config-overrides n_layer=2,n_embd=64,n_head=2 \\
-        --train-tokenizer 8000 --train-file a.txt --validation-file b.txt --max-steps 30 --json
+    lmctl train clm --model-type gpt2 \\
+        --config-overrides n_layer=2,n_embd=64,n_head=2 \\
+        --train-tokenizer 8000 --train-file a.txt --validation-file b.txt \\
+        --max-steps 30 --json
 """,
     "mlm": """
 Fine-tune a local BERT on your text, one sample per non-empty line:
 
-    lmctl train mlm --model ./bert-small --train-file corpus.txt --line-by-line
+    lmctl train mlm --model ./bert-small --train-file corpus.txt \\
+        --line-by-line
 
 From scratch with a WordPiece tokenizer trained on the data, whole-word masking:
 
-    lmctl train mlm --model-type bert --config-overrides num_hidden_layers=4,hidden_size=256 \
-        --train-tokenizer 8000 --train-file a.txt --whole-word-mask --max-seq-length 128
+    lmctl train mlm --model-type bert \\
+        --config-overrides num_hidden_layers=4,hidden_size=256 \\
+        --train-tokenizer 8000 --train-file a.txt --whole-word-mask \\
+        --max-seq-length 128
 """,
     "plm": """
 XLNet from scratch (permutation needs an even --max-seq-length):
 
-    lmctl train plm --model-type xlnet --config-overrides d_model=256,n_layer=4,n_head=4 \
+    lmctl train plm --model-type xlnet \\
+        --config-overrides d_model=256,n_layer=4,n_head=4 \\
         --train-tokenizer 8000 --train-file a.txt --max-seq-length 128
 
 Fine-tune a local XLNet line by line:
 
-    lmctl train plm --model ./xlnet-base --train-file corpus.txt --line-by-line
+    lmctl train plm --model ./xlnet-base --train-file corpus.txt \\
+        --line-by-line
 """,
     "swag": """
 Fine-tune on the Hub's SWAG (the default data when the Hub is reachable):
@@ -69,32 +79,30 @@ Fine-tune on the Hub's SWAG (the default data when the Hub is reachable):
 
 Your own multiple-choice records (any number of endings):
 
-    lmctl train swag --model ./bert-base --train-file train.jsonl --validation-file dev.jsonl \
-        --context-column question --question-column "" --ending-columns a,b,c --label-column answer
+    lmctl train swag --model ./bert-base \\
+        --train-file train.jsonl --validation-file dev.jsonl \\
+        --context-column question --question-column "" \\
+        --ending-columns a,b,c --label-column answer
 """,
 }
 
-train_app = typer.Typer(
-    name="train",
-    help="Train or fine-tune a model.",
-    no_args_is_help=True,
-    rich_markup_mode="markdown",
-)
 
-
-def cli_only_parameters() -> list[inspect.Parameter]:
+def cli_only_parameters(*, dry_run: bool = True) -> list[inspect.Parameter]:
     kw = inspect.Parameter.KEYWORD_ONLY
-    return [
+    params = [
         inspect.Parameter("config_file", kw, default=None, annotation=ConfigOpt),
         inspect.Parameter("json_output", kw, default=False, annotation=JsonOpt),
         inspect.Parameter("quiet", kw, default=False, annotation=QuietOpt),
         inspect.Parameter("no_progress", kw, default=False, annotation=NoProgressOpt),
-        inspect.Parameter("dry_run", kw, default=False, annotation=DryRunOpt),
     ]
+    if dry_run:
+        params.append(inspect.Parameter("dry_run", kw, default=False, annotation=DryRunOpt))
+    return params
 
 
 #: Runs one objective command: (objective, flags given, config file, dry run, console).
-CommandBody = Callable[[str, dict[str, Any], str | None, bool, Console], dict[str, Any]]
+#: With ``extra`` options the fourth argument is their values instead of the dry-run switch.
+CommandBody = Callable[[str, dict[str, Any], str | None, Any, Console], dict[str, Any]]
 
 
 def objective_command(
@@ -102,10 +110,16 @@ def objective_command(
     verb: str,
     body: CommandBody,
     doc: str,
+    *,
     include: Callable[[str, FieldInfo], bool] | None = None,
+    extra: list[inspect.Parameter] | None = None,
 ) -> Any:
     """``lmctl <verb> <name>``: the objective's config fields (those ``include`` keeps) as
-    flags, plus the CLI-only options; ``body`` gets the flags that were actually given."""
+    flags, plus the CLI-only options; ``body`` gets the flags that were actually given.
+
+    ``extra`` replaces ``--dry-run`` with other command options; their values are passed to
+    ``body`` in place of the dry-run switch, as a mapping.
+    """
     config_class = get_objective(name).config_class
 
     def command(**values: Any) -> None:
@@ -115,7 +129,9 @@ def objective_command(
             no_progress=values.pop("no_progress"),
         )
         config_file = values.pop("config_file")
-        dry_run = values.pop("dry_run")
+        dry_run: Any = (
+            {p.name: values.pop(p.name) for p in extra} if extra else values.pop("dry_run")
+        )
         cli_values = given(values, config_class)
         run_command(
             lambda console: body(name, cli_values, config_file, dry_run, console),
@@ -123,7 +139,8 @@ def objective_command(
             f"{verb} {name}",
         )
 
-    params = config_parameters(config_class, include=include) + cli_only_parameters()
+    params = config_parameters(config_class, include=include)
+    params += cli_only_parameters(dry_run=extra is None) + (extra or [])
     return with_signature(command, params, doc)
 
 
@@ -139,8 +156,39 @@ def run_train(
     dry_run: bool,
     console: Console,
 ) -> dict[str, Any]:
-    from lmctl.config.loader import build_config, dump_config, read_config_file, with_output_dir
     from lmctl.run.rundir import check_output_dir
+
+    objective = get_objective(name)
+    config = resolve_train_config(name, cli_values, config_file, console)
+    if dry_run:
+        from lmctl.config.loader import dump_config
+
+        resolved = {"objective": name, **dump_config(config, masked=True)}
+        if not console.options.json:
+            import yaml
+
+            console.write(yaml.safe_dump(resolved, sort_keys=False))
+        return {"dry_run": True, "config": resolved}
+    if is_main_process():
+        check_output_dir(config)
+    from lmctl.engine import train
+
+    result = train(config, objective, console)
+    if is_main_process():
+        console.summary(
+            f"lmctl train {name}: {result['output_dir']}",
+            headline(result["metrics"], result["output_dir"]),
+        )
+    return result
+
+
+def resolve_train_config(
+    name: str, cli_values: dict[str, Any], config_file: str | None, console: Console
+) -> TrainConfig:
+    """The config ``lmctl train NAME`` runs with these flags and config file (the embedded
+    default when neither names a model or data, the default run directory fixed)."""
+    from lmctl.config.loader import build_config, read_config_file, with_output_dir
+    from lmctl.run.rundir import run_dir_of_config
 
     objective = get_objective(name)
     file_keys = set(read_config_file(config_file)) if config_file else set()
@@ -157,22 +205,12 @@ def run_train(
     )
     if defaults:
         console.info(embedded_default_line(config, defaults, set(cli_values) | file_keys))
-    config = with_output_dir(config)
-    if dry_run:
-        resolved = {"objective": name, **dump_config(config)}
-        if not console.options.json:
-            import yaml
-
-            console.write(yaml.safe_dump(resolved, sort_keys=False))
-        return {"dry_run": True, "config": resolved}
-    if is_main_process():
-        check_output_dir(config)
-    from lmctl.engine import train
-
-    result = train(config, objective, console)
-    if is_main_process():
-        console.summary(f"lmctl train {name}: {result['output_dir']}", headline(result["metrics"]))
-    return result
+    owner = run_dir_of_config(config_file) if config_file else None
+    if owner is not None and "output_dir" not in cli_values:
+        # A run's own config targets that run, wherever it was first written for (a copy's
+        # lmctl.yaml names the original's directory).
+        config = config.model_copy(update={"output_dir": str(owner)})
+    return with_output_dir(config)
 
 
 def embedded_default_line(config: Any, defaults: dict[str, Any], given_keys: set[str]) -> str:
@@ -197,7 +235,8 @@ def embedded_default_line(config: Any, defaults: dict[str, Any], given_keys: set
     )
 
 
-def headline(metrics: dict[str, Any]) -> dict[str, Any]:
+def headline(metrics: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
+    """The numbers of the end-of-run summary, with the loss curves as sparklines."""
     keys = (
         "train_loss",
         "eval_loss",
@@ -207,10 +246,17 @@ def headline(metrics: dict[str, Any]) -> dict[str, Any]:
         "eval_samples",
         "train_runtime",
     )
-    return {key: metrics[key] for key in keys if key in metrics}
+    shown: dict[str, Any] = {key: metrics[key] for key in keys if key in metrics}
+    if run_dir is not None:
+        from pathlib import Path
+
+        from lmctl.run.summary import sparklines
+
+        shown.update(sparklines(Path(run_dir)))
+    return shown
 
 
-def register() -> None:
+def register(app: typer.Typer, parent: CommandDoc) -> None:
+    group, doc = add_group(app, parent, "train", "Train or fine-tune a model.")
     for name in OBJECTIVES:
-        objective = get_objective(name)
-        train_app.command(name, help=None, short_help=objective.summary)(_make_command(name))
+        add_command(group, doc, name, _make_command(name), get_objective(name).summary)

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from lmctl import secrets
 from lmctl.config.fields import (
     PANEL_DATA,
     PANEL_EVAL,
@@ -580,5 +581,6 @@ class TrainConfig(StrictModel):
 
     def token_value(self) -> str | None:
         if self.token is not None:
+            secrets.register(self.token.get_secret_value())
             return self.token.get_secret_value()
         return None

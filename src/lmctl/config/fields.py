@@ -18,6 +18,19 @@ PANEL_TRAINING = "Training"
 PANEL_EVAL = "Evaluation and checkpoints"
 PANEL_OBJECTIVE = "Objective"
 PANEL_PUBLISH = "Publishing"
+PANEL_HUB = "Hub (hf://)"
+PANEL_OUTPUT = "Output"
+#: Help panels in the order a user fills them in; panels not listed come before Output.
+PANEL_ORDER = (
+    PANEL_MODEL,
+    PANEL_DATA,
+    PANEL_OBJECTIVE,
+    PANEL_TRAINING,
+    PANEL_EVAL,
+    PANEL_PUBLISH,
+    PANEL_HUB,
+    PANEL_OUTPUT,
+)
 
 
 def option(

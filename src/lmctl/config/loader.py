@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from lmctl import secrets
 from lmctl.config.base import ConfigProblems, StrictModel, TrainConfig
 from lmctl.config.fields import field_extra, flag_name
 from lmctl.config.upstream import translate_upstream
@@ -114,6 +116,7 @@ def build_config(
     merged = {**(defaults or {}), **file_values, **cli_values}
     for key in cli_values:
         sources[key] = flag_name(key)
+    secrets.register_in(merged)
     try:
         return model.model_validate(merged, context={"command": command})
     except ValidationError as exc:
@@ -121,6 +124,7 @@ def build_config(
 
 
 _HINT_KEYS = "fix the key names; 'lmctl train <objective> --help' lists every option"
+_HINT_SCHEMA = "fix the key name; 'lmctl config schema <objective>' lists every key"
 
 
 def _unknown_keys_message(unknown: list[str], known: set[str], where: str) -> str:
@@ -134,34 +138,109 @@ def _unknown_keys_message(unknown: list[str], known: set[str], where: str) -> st
 
 
 def _config_error(exc: ValidationError, sources: dict[str, str]) -> ConfigError:
-    messages: list[str] = []
-    hints: list[str] = []
-    for error in exc.errors():
-        ctx_error = (error.get("ctx") or {}).get("error")
-        if isinstance(ctx_error, ConfigProblems):
-            for message, hint in ctx_error.items:
-                messages.append(message)
-                hints.append(hint)
-            continue
-        field = str(error["loc"][0]) if error["loc"] else ""
-        where = sources.get(field, flag_name(field) if field else "config")
-        value = error.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        messages.append(f"{where}: {error['msg']}{shown}")
-        hints.append(f"fix {where}; see --help for accepted values")
+    items = _error_items(exc, sources)
+    messages = [message for message, _ in items]
+    hints = [hint for _, hint in items]
     if len(messages) == 1:
         return ConfigError(messages[0], hints[0])
     listing = "; ".join(f"({i}) {m}" for i, m in enumerate(messages, 1))
     return ConfigError(f"{len(messages)} problems: {listing}", "; ".join(dict.fromkeys(hints)))
 
 
-def dump_config(config: StrictModel) -> dict[str, Any]:
-    """The resolved config as plain data, secrets excluded."""
+def _error_items(exc: ValidationError, sources: dict[str, str]) -> list[tuple[str, str]]:
+    """Each validation error as (message naming its flag or key, hint)."""
+    items: list[tuple[str, str]] = []
+    for error in exc.errors():
+        ctx = error.get("ctx") or {}
+        ctx_error = ctx.get("error")
+        if isinstance(ctx_error, ConfigProblems):
+            items += ctx_error.items
+            continue
+        field = str(error["loc"][0]) if error["loc"] else ""
+        where = sources.get(field, flag_name(field) if field else "config")
+        value = error.get("input")
+        secret = any(secrets.is_secret_key(str(part)) for part in error["loc"])
+        shown = "" if isinstance(value, dict) or secret else f" (got {value!r})"
+        hint = f"fix {where}; see --help for accepted values"
+        if error["type"] == "literal_error" and isinstance(value, str):
+            choices = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+            close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+            if close:
+                hint = f"did you mean '{close[0]}'?"
+        items.append((f"{where}: {error['msg']}{shown}", hint))
+    return items
+
+
+def config_file_problems(
+    model: type[StrictModel],
+    path: str,
+    objective: str | None = None,
+    defaults: dict[str, Any] | None = None,
+) -> list[tuple[str, str]]:
+    """Every problem of a config file at once, each with its hint: unknown keys (with the
+    closest known key), invalid values, and the cross-field rules, which are checked on the
+    values that are valid (over ``defaults``). Unreadable files and syntax errors raise
+    ConfigError."""
+    raw = read_config_file(path)
+    file_objective = raw.pop("objective", None)
+    problems: list[tuple[str, str]] = []
+    if objective is not None and file_objective not in (None, objective):
+        problems.append(
+            (
+                f"{path}: 'objective: {file_objective}' but it is validated for '{objective}'",
+                f"drop --task, or set 'objective: {objective}'",
+            )
+        )
+    known = set(model.model_fields)
+    fields, passthrough, unknown = translate_upstream(raw, known)
+    for key in unknown:
+        problems.append((_unknown_keys_message([key], known, path), _HINT_SCHEMA))
+    if passthrough and "training_args" in known:
+        fields["training_args"] = {**passthrough, **fields.get("training_args", {})}
+    sources = {key: f"'{key}' in {path}" for key in fields}
+    fields = {**(defaults or {}), **fields}
+    try:
+        model.model_validate(fields, context={"command": "train"})
+        return problems
+    except ValidationError as exc:
+        items = _error_items(exc, sources)
+        invalid = {str(error["loc"][0]) for error in exc.errors() if error["loc"]}
+    problems += items
+    if invalid:
+        valid = {key: value for key, value in fields.items() if key not in invalid}
+        try:
+            model.model_validate(valid, context={"command": "train"})
+        except ValidationError as exc:
+            problems += [item for item in _error_items(exc, sources) if item not in problems]
+    return problems
+
+
+def json_schema(model: type[StrictModel], objective: str) -> dict[str, Any]:
+    """The JSON Schema of a config file for ``objective`` (for editor completion)."""
+    schema = model.model_json_schema()
+    for prop in schema.get("properties", {}).values():
+        for key in ("panel", "flags", "secret", "cli"):
+            prop.pop(key, None)
+    schema["properties"] = {
+        "objective": {"const": objective, "description": "The objective this config trains."},
+        **schema.get("properties", {}),
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **schema,
+        "title": f"lmctl train {objective} config",
+    }
+
+
+def dump_config(config: StrictModel, *, masked: bool = False) -> dict[str, Any]:
+    """The resolved config as plain data, secrets excluded at every depth (``masked``: shown
+    as ``***``, for printing); see :mod:`lmctl.secrets` for what counts as one."""
     data = config.model_dump(mode="json")
     for name, info in type(config).model_fields.items():
         if field_extra(info).get("secret"):
             data.pop(name, None)
-    return data
+    result: dict[str, Any] = secrets.redact(data, drop=not masked)
+    return result
 
 
 def with_output_dir(config: TrainConfig) -> TrainConfig:

@@ -6,11 +6,10 @@ from pathlib import Path
 
 from pydantic import SecretStr, model_validator
 
+from lmctl import secrets
 from lmctl.config.base import Problems, StrictModel
-from lmctl.config.fields import PANEL_PUBLISH, option
+from lmctl.config.fields import PANEL_HUB, PANEL_PUBLISH, option
 from lmctl.errors import ConfigError
-
-PANEL_HUB = "Hub (hf://)"
 
 
 class PushConfig(StrictModel):
@@ -24,6 +23,12 @@ class PushConfig(StrictModel):
     )
     include_checkpoints: bool = option(
         False, "Also publish the run's checkpoint-* folders.", panel=PANEL_PUBLISH
+    )
+    include_optimizer: bool = option(
+        False,
+        "Pushing a checkpoint: also publish its training state (optimizer, scheduler, RNG "
+        "states, trainer state), which only resuming needs; by default its model files only.",
+        panel=PANEL_PUBLISH,
     )
     private: bool = option(
         False,
@@ -83,6 +88,7 @@ class PushConfig(StrictModel):
 
     def token_value(self) -> str | None:
         if self.token is not None:
+            secrets.register(self.token.get_secret_value())
             return self.token.get_secret_value()
         if self.token_file is not None:
             path = Path(self.token_file).expanduser()
@@ -98,5 +104,6 @@ class PushConfig(StrictModel):
                     f"--token-file {self.token_file}: the file is empty",
                     "write the token (hf_...) into it",
                 )
+            secrets.register(value)
             return value
         return None

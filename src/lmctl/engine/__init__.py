@@ -18,6 +18,7 @@ from lmctl.engine.common import NonFiniteLoss
 from lmctl.errors import Interrupted, TrainingFailed
 from lmctl.metrics import loss_metrics
 from lmctl.run import rundir
+from lmctl.run.plots import write_loss_plot
 from lmctl.run.resume import resume_command
 from lmctl.run.signals import graceful_stop
 
@@ -35,6 +36,8 @@ ENGINES: dict[str, str] = {
 def train(config: TrainConfig, objective: Objective, console: Console) -> dict[str, Any]:
     from lmctl.pipeline import prepare
 
+    engine = import_module(ENGINES[config.engine])
+    engine.check(config)  # trackers and engine packages, before any work
     main = is_main_process()
     publication = None
     if config.push_to is not None and main:
@@ -46,15 +49,23 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
     # Data, tokenizer and model first: a run that fails to start leaves no directory behind.
     prepared = prepare(config, objective, run_dir, console)
     if main:
-        rundir.prepare_output_dir(config)
+        others = rundir.prepare_output_dir(config)
+        if others:
+            console.info(
+                f"--overwrite-output-dir: removed the earlier run's files; kept {len(others)} "
+                f"entries lmctl did not write: {', '.join(others)}"
+            )
         rundir.write_config(run_dir, config)
     console.info(f"run directory: {run_dir}")
-    engine = import_module(ENGINES[config.engine])
+    trackers_existed = (run_dir / "runs").exists()
     with graceful_stop() as stop:
         try:
             result = engine.run(prepared, console, stop)
         except NonFiniteLoss as exc:
             console.stop_progress()
+            if main:
+                rundir.append_metrics(run_dir, {"event": "failed", "step": exc.step})
+                write_loss_plot(run_dir, console)
             latest = rundir.latest_checkpoint(run_dir)
             kept = (
                 f"the last good checkpoint is {latest}" if latest else "no checkpoint was saved yet"
@@ -63,7 +74,12 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
                 f"training stopped: {exc}; {kept}",
                 "lower --learning-rate, add --warmup-steps or --max-grad-norm, or check the data",
             ) from exc
+        finally:
+            if main:
+                rundir.record_trackers(run_dir, trackers_existed)
     if result.interrupted_at is not None:
+        if main:
+            write_loss_plot(run_dir, console)
         if result.checkpoint is not None:
             raise Interrupted(
                 f"interrupted by {stop.signal_name}; checkpoint saved at step "
@@ -73,8 +89,7 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         raise Interrupted(
             f"interrupted by {stop.signal_name} at step {result.interrupted_at}; "
             f"no checkpoint was saved in {run_dir}",
-            f"start again with: lmctl train {config.objective} --config "
-            f"{run_dir / rundir.CONFIG_FILE} --overwrite-output-dir",
+            f"start again with: {rundir.restart_command(config.objective, run_dir)}",
         )
     if not main:
         return {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": {}}
@@ -98,6 +113,7 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         engine=config.engine,
         resumed=result.resumed_from is not None,
     )
+    write_loss_plot(run_dir, console)
     outcome = {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": results}
     if publication is not None:
         outcome["push"] = publication.push(run_dir)

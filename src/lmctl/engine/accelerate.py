@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed
 from lmctl.engine.common import (
+    TRACKING_PROJECT,
     EngineResult,
     NonFiniteLoss,
     RunTotals,
@@ -43,8 +44,11 @@ if TYPE_CHECKING:
 #: Where a checkpoint's ``trainer_state.json`` records the data position (under
 #: ``stateful_callbacks``); its presence also marks a checkpoint of this engine.
 DATA_POSITION = "AccelerateDataPosition"
-#: Tracker project name (wandb project, mlflow experiment, tensorboard folder under runs/).
-TRACKING_PROJECT = "lmctl"
+
+
+def check(config: TrainConfig) -> None:
+    """Refuse, before any work, trackers that Accelerate does not know or cannot load."""
+    trackers(config.report_to)
 
 
 def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult:
@@ -166,6 +170,7 @@ class AccelerateRun:
                 init_kwargs={
                     "wandb": {"name": self.run_dir.name},
                     "mlflow": {"run_name": self.run_dir.name},
+                    "trackio": {"name": self.run_dir.name},
                 },
             )
         set_seed(config.seed)
@@ -231,7 +236,7 @@ class AccelerateRun:
         if config.do_train:
             self._write_state(self.run_dir)
         elif self.is_main:
-            self.prepared.tokenizer.save_pretrained(self.run_dir)
+            rundir.save_tokenizer(self.prepared.tokenizer, self.run_dir)
         result.global_step = self.state.global_step
         return result
 
@@ -608,7 +613,7 @@ class AccelerateRun:
                     self._total_loss + self._loss_since_log,
                     time.time() - self._start,
                 ).record(state)
-            state.save_to_json(str(staging / rundir.STATE_FILE))
+            rundir.write_state(state, staging)
             rundir.commit_dir(staging, final)
             rundir.rotate_checkpoints(self.run_dir, self.config.save_total_limit)
         acc.wait_for_everyone()
@@ -649,19 +654,26 @@ class AccelerateRun:
             model.generation_config.save_pretrained(path)
 
     def _save_model(self) -> None:
-        """The final model and tokenizer in the run directory, as ``save_pretrained`` writes
-        them (loadable by plain transformers)."""
+        """The final model and tokenizer, as ``save_pretrained`` writes them (loadable by
+        plain transformers): staged, then moved into the run directory with its manifest
+        last, so that a crash never leaves a partial model that looks complete."""
         acc = self.accelerator
+        staging = rundir.model_staging(self.run_dir, owner="accelerate")
+        if self.is_main:
+            rundir.begin_model(self.run_dir, owner="accelerate")
         acc.wait_for_everyone()
+        state_dict = acc.get_state_dict(self.model)
         self._unwrapped().save_pretrained(
-            self.run_dir,
+            staging,
             is_main_process=self.is_main,
             save_function=acc.save,
-            state_dict=acc.get_state_dict(self.model),
+            state_dict=state_dict,
         )
         if self.is_main:
-            self.prepared.tokenizer.save_pretrained(self.run_dir)
+            self.prepared.tokenizer.save_pretrained(staging)
+            rundir.commit_model(staging, self.run_dir)
+        acc.wait_for_everyone()
 
     def _write_state(self, folder: Path) -> None:
         if self.is_main:
-            self.state.save_to_json(str(folder / rundir.STATE_FILE))
+            rundir.write_state(self.state, folder)

@@ -14,6 +14,9 @@ from lmctl.run.signals import StopRequest
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
 
+#: Tracker project of both engines (mlflow experiment, trackio project, wandb project); each
+#: run is named after its run directory.
+TRACKING_PROJECT = "lmctl"
 # Keys from the engine's log records shown in the progress display, with their short names.
 PROGRESS_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad"}
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmctl import secrets
 from lmctl.engine.common import (
+    TRACKING_PROJECT,
     EngineResult,
     NonFiniteLoss,
     RunTotals,
@@ -22,6 +25,37 @@ if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
     from lmctl.console import Console
     from lmctl.pipeline import Prepared
+
+
+def check(config: TrainConfig) -> None:
+    """Refuse, before any work, trackers the Trainer does not know or cannot load, and a
+    DeepSpeed config without DeepSpeed."""
+    import importlib.util
+
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    available = set(get_available_reporting_integrations())
+    for name in config.report_to:
+        if name == "all":
+            continue
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise ConfigError(
+                f"--report-to {name}: not a tracker the Trainer knows",
+                "choose from " + ", ".join(sorted(INTEGRATION_TO_CALLBACK)),
+            )
+        if name not in available:
+            raise ConfigError(
+                f"--report-to {name}: its package is not installed",
+                f"pip install {name.replace('_', '-')}, or drop --report-to {name}",
+            )
+    if config.training_args.get("deepspeed") and importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError(
+            "training_args.deepspeed: DeepSpeed is not installed",
+            "pip install deepspeed, or remove training_args.deepspeed",
+        )
 
 
 def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
@@ -54,6 +88,8 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         # delete the newest checkpoint at the end of a run with --save-total-limit 1.
         "save_total_limit": None,
         "report_to": config.report_to or "none",
+        "run_name": run_dir.name,
+        "project": TRACKING_PROJECT,
         "do_train": config.do_train,
         "do_eval": config.do_eval,
         "disable_tqdm": True,
@@ -82,6 +118,22 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         ) from exc
     except ValueError as exc:
         raise ConfigError(f"invalid training settings: {exc}", "adjust the flags named") from exc
+
+
+def public_arguments(args: Any) -> Any:
+    """A copy of TrainingArguments with every secret (``hub_token``, and secret keys inside
+    its mappings; see :mod:`lmctl.secrets`) cleared, for pickling into the run directory."""
+    import copy
+    import dataclasses
+
+    clean = copy.copy(args)
+    for item in dataclasses.fields(args):
+        value = getattr(args, item.name, None)
+        if secrets.is_secret_key(item.name) and value is not None:
+            object.__setattr__(clean, item.name, None)
+        elif isinstance(value, dict):
+            object.__setattr__(clean, item.name, secrets.redact(value, drop=True))
+    return clean
 
 
 def _has_accelerator() -> bool:
@@ -172,7 +224,7 @@ def _make_trainer_class() -> type:
                     self.run_totals.then(
                         self.state.global_step, session_loss, time.time() - self._session_start
                     ).record(self.state)
-                self.state.save_to_json(str(staging / rundir.STATE_FILE))
+                rundir.write_state(self.state, staging)
                 rundir.commit_dir(staging, final)
             self.accelerator.wait_for_everyone()
             if self.args.push_to_hub:
@@ -184,6 +236,15 @@ def _make_trainer_class() -> type:
                     self.save_total_limit,
                     protect=[Path(best_checkpoint)] if best_checkpoint else [],
                 )
+
+        def _save(self, output_dir: str | None = None, state_dict: Any = None) -> None:
+            """The Trainer's save, with ``training_args.bin`` written without secrets."""
+            super()._save(output_dir, state_dict)
+            if self.args.should_save:
+                from transformers.trainer import TRAINING_ARGS_NAME
+
+                folder = Path(str(output_dir if output_dir is not None else self.args.output_dir))
+                torch.save(public_arguments(self.args), folder / TRAINING_ARGS_NAME)
 
         def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
             loss = super().training_step(model, inputs, num_items_in_batch)
@@ -333,8 +394,6 @@ def _callback_class() -> type:
 def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult:
     from transformers import PrinterCallback
 
-    from lmctl.run import rundir
-
     config = prepared.config
     args = training_arguments(config, prepared.run_dir)
     reporter = StepReporter(console, prepared.run_dir, stop, is_main=args.process_index == 0)
@@ -356,6 +415,36 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
         trainer.stream_position = _stream_position_class()()
         trainer.add_callback(trainer.stream_position)
 
+    with _tracker_run(config, prepared.run_dir):
+        return _train_and_evaluate(trainer, prepared, args, console, stop)
+
+
+def _tracker_run(config: TrainConfig, run_dir: Path) -> Any:
+    """One MLflow run around training and the final evaluation: the Trainer's callback would
+    end its run with training and log the final evaluation to a second, unnamed run."""
+    import importlib.util
+    from contextlib import nullcontext
+
+    from lmctl.distributed import is_main_process
+
+    wanted = {"mlflow", "all"} & set(config.report_to)
+    if not wanted or not is_main_process() or importlib.util.find_spec("mlflow") is None:
+        return nullcontext()
+    import mlflow
+
+    # The experiment is named like the accelerate engine's, unless the user chose one (the
+    # callback reads the same variable).
+    os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", TRACKING_PROJECT)
+    mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])
+    return mlflow.start_run(run_name=run_dir.name)
+
+
+def _train_and_evaluate(
+    trainer: Any, prepared: Prepared, args: Any, console: Console, stop: StopRequest
+) -> EngineResult:
+    from lmctl.run import rundir
+
+    config = prepared.config
     result = EngineResult()
     if config.do_train:
         checkpoint = resolve_resume(config, prepared.run_dir, console)
@@ -374,15 +463,32 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
                 dict(output.metrics), trainer.run_totals, trainer.state.global_step
             )
             result.train_metrics["train_samples"] = _train_samples(prepared, args, trainer)
-        trainer.save_model()
-        trainer.save_state()
+        _save_final_model(trainer, prepared.run_dir)
     if config.do_eval:
         result.eval_metrics = trainer.evaluate()
         result.eval_metrics["eval_samples"] = trainer.eval_samples
-        if not config.do_train:
-            prepared.tokenizer.save_pretrained(prepared.run_dir)
+        if not config.do_train and trainer.is_world_process_zero():
+            rundir.save_tokenizer(prepared.tokenizer, prepared.run_dir)
     result.global_step = trainer.state.global_step
     return result
+
+
+def _save_final_model(trainer: Any, run_dir: Path) -> None:
+    """The final model, staged and moved into the run directory with its manifest last (every
+    process takes part in the save, as sharded models need), then the trainer state."""
+    from lmctl.run import rundir
+
+    staging = rundir.model_staging(run_dir, owner="trainer")
+    if trainer.args.should_save:
+        rundir.begin_model(run_dir, owner="trainer")
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(staging))
+    trainer.accelerator.wait_for_everyone()
+    if trainer.args.should_save:
+        rundir.commit_model(staging, run_dir)
+    if trainer.is_world_process_zero():
+        rundir.write_state(trainer.state, run_dir)
+    trainer.accelerator.wait_for_everyone()
 
 
 def _step_of(checkpoint: str) -> int:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from lmctl.errors import ConfigError, ModelError, PermissionDenied
+from lmctl.errors import ConfigError, ModelError
 from lmctl.storage import hub, locations
 from lmctl.storage.paths import is_remote, local_path
 
@@ -80,9 +80,11 @@ def load_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: An
     if path.exists():
         if not path.is_dir():
             raise ConfigError(f"{flag} {name}: not a directory", "give a model directory")
+        from safetensors import SafetensorError
+
         try:
             return loader(str(path), **kwargs)
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, SafetensorError) as exc:
             raise ModelError(
                 f"{flag} {name}: cannot load it ({_first_line(exc)})",
                 "give a directory written by save_pretrained (config.json, weights, tokenizer)",
@@ -97,14 +99,13 @@ def load_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: An
     try:
         return loader(name, **kwargs)
     except Exception as exc:
+        # The Hub's answer first: huggingface_hub wraps some refusals in the error it raises
+        # for a file that is neither reachable nor cached.
+        refused = hub.refusal(exc, f"{flag} {name}")
+        if refused is not None:
+            raise refused from exc
         if hub.is_connection_error(exc):
             raise hub.unreachable(f"{flag} {name}") from exc
-        kind = type(exc).__name__
-        if kind in {"GatedRepoError"} or "401" in str(exc) or "403" in str(exc):
-            raise PermissionDenied(
-                f"{flag} {name}: access denied by the Hub",
-                "log in with 'hf auth login' or pass --token, and request access to the repo",
-            ) from exc
         raise ModelError(
             f"{flag} {name}: cannot load it from the Hub ({_first_line(exc)})",
             "check the repository id and --model-revision",

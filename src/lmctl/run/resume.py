@@ -18,6 +18,7 @@ from lmctl.errors import ConfigError
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import rundir
 from lmctl.storage import atomic
+from lmctl.storage.paths import is_remote, local_path
 
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
@@ -57,7 +58,7 @@ class ResumePlan:
             "run_dir": str(self.run_dir),
             "checkpoint": str(self.checkpoint),
             "step": self.step,
-            "config": {"objective": self.objective.name, **dump_config(self.config)},
+            "config": {"objective": self.objective.name, **dump_config(self.config, masked=True)},
         }
 
 
@@ -121,7 +122,7 @@ def check_run_dir(run_dir: Path) -> None:
 def find_checkpoint(run_dir: Path, console: Console) -> Path:
     """The newest complete checkpoint; leftovers of killed saves are removed with a warning."""
     for leftover in atomic.discard_staging(run_dir):
-        console.warn(f"removed {leftover.name}: a checkpoint save that did not finish")
+        console.warn(f"removed {leftover.name}: a save that did not finish")
     skipped: list[tuple[Path, str]] = []
     checkpoint = rundir.latest_checkpoint(run_dir, skipped)
     for path, problem in skipped:
@@ -132,10 +133,20 @@ def find_checkpoint(run_dir: Path, console: Console) -> Path:
         raise ConfigError(
             f"{run_dir} has no complete checkpoint to resume from{found}",
             "the run stopped before its first checkpoint (--save-steps); start it again with "
-            f"lmctl train {objective} --config {run_dir / rundir.CONFIG_FILE} "
-            "--overwrite-output-dir",
+            + rundir.restart_command(objective, run_dir),
         )
     return checkpoint
+
+
+def local_run_dir(path: str) -> Path:
+    """The run directory to resume: a local path or ``file://`` URL, never a remote store."""
+    if is_remote(path):
+        raise ConfigError(
+            f"{path}: a run is resumed in a local directory (it writes new checkpoints and the "
+            "final model there)",
+            "copy the run with its checkpoint-* folders to local disk and resume that copy",
+        )
+    return local_path(path)
 
 
 def plan_resume(run_dir: Path, overrides: dict[str, Any], console: Console) -> ResumePlan:

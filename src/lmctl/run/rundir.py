@@ -10,22 +10,31 @@ checkpoint-<step>/    checkpoints (the newest complete one is used to resume), e
                       under a hidden .tmp-* name and renamed when complete, with a manifest
                       (lmctl_checkpoint.json) of its files and sizes
 README.md             model card
-config.json, model.safetensors, tokenizer files: the final model (save_pretrained)
+config.json, model.safetensors, tokenizer files: the final model (save_pretrained), staged
+                      under a hidden .tmp-model-* folder and moved into place with its manifest
+                      (lmctl_model.json, files and sizes) last
+lmctl_run.json        the run marker, written first: proves that lmctl created the directory
+                      and lists every entry lmctl wrote into it (--overwrite-output-dir removes
+                      those and nothing else)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 import re
 import shutil
 import sys
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl import __version__
+from lmctl import __version__, secrets
+from lmctl.console import finite, json_text
 from lmctl.errors import ConfigError
 from lmctl.storage import atomic
 from lmctl.storage.atomic import atomic_write, manifest_problem
@@ -40,22 +49,57 @@ METRICS_LOG = "metrics.jsonl"
 STATE_FILE = "trainer_state.json"
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 MANIFEST_FILE = "lmctl_checkpoint.json"
+RUN_MARKER = "lmctl_run.json"
+MODEL_MANIFEST = "lmctl_model.json"
+#: The final model is staged under ``.tmp-model-<owner>`` in the run directory.
+MODEL_STAGING = "model"
+RUN_FORMAT = "lmctl-run/1"
+#: Leftovers of lmctl's own interrupted writes: staging folders and atomic_write temp files.
+_LEFTOVER = re.compile(r"^\.tmp-(checkpoint-\d+|model)-[\w.-]+$|^\.(?P<file>.+)\.tmp$")
+
+
+def is_lmctl_run(path: Path) -> bool:
+    """Whether lmctl created ``path`` as a run directory (its run marker is there)."""
+    return (path / RUN_MARKER).is_file()
 
 
 def check_output_dir(config: TrainConfig) -> None:
-    """Refuse to write into a non-empty directory unless asked to (before any heavy work)."""
+    """Refuse to write into a non-empty directory unless asked to (before any heavy work).
+
+    --overwrite-output-dir only ever replaces an earlier lmctl run: a directory without the run
+    marker (a project folder that merely holds a file called lmctl.yaml, say) is refused.
+    """
     assert config.output_dir is not None
     path = Path(config.output_dir)
     if path.exists() and not path.is_dir():
         raise ConfigError(
             f"--output-dir {path}: exists and is not a directory", "choose another --output-dir"
         )
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(
+                    f"--output-dir {path}: {parent} is a file, not a directory",
+                    "choose an --output-dir whose parent folders are directories",
+                )
+            break
     if not path.exists() or not any(path.iterdir()):
         return
     if config.resume_from_checkpoint is not None:
         return
     if config.overwrite_output_dir:
-        return
+        if is_lmctl_run(path):
+            return
+        entries = sorted(child.name for child in path.iterdir())
+        shown = ", ".join(entries[:8]) + (
+            f" and {len(entries) - 8} more" if len(entries) > 8 else ""
+        )
+        raise ConfigError(
+            f"--output-dir {path} is not a run directory that lmctl created (no {RUN_MARKER}); "
+            f"--overwrite-output-dir would put a run among {shown}, so nothing was touched",
+            "choose a new or empty --output-dir (--overwrite-output-dir only replaces an "
+            "earlier lmctl run)",
+        )
     raise ConfigError(
         f"--output-dir {path} is not empty",
         f"choose a new --output-dir, continue it with 'lmctl resume {path}', "
@@ -63,55 +107,150 @@ def check_output_dir(config: TrainConfig) -> None:
     )
 
 
-def prepare_output_dir(config: TrainConfig) -> Path:
-    """Create the run directory; with --overwrite-output-dir, clear a previous lmctl run."""
+def prepare_output_dir(config: TrainConfig) -> list[str]:
+    """Create the run directory and its marker; with --overwrite-output-dir, remove what an
+    earlier lmctl run recorded writing there. Returns the entries that were kept."""
     assert config.output_dir is not None
     path = Path(config.output_dir)
-    if (
-        config.overwrite_output_dir
-        and config.resume_from_checkpoint is None
-        and (path / CONFIG_FILE).is_file()
-    ):
-        for child in path.iterdir():
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
+    kept: list[str] = []
+    if config.overwrite_output_dir and config.resume_from_checkpoint is None and is_lmctl_run(path):
+        kept = clear_run(path)
     path.mkdir(parents=True, exist_ok=True)
-    return path
+    if not is_lmctl_run(path):
+        _write_marker(path, [])
+    return kept
+
+
+def clear_run(path: Path) -> list[str]:
+    """Remove every entry the run marker lists (and lmctl's own leftovers of interrupted
+    writes of those); everything else stays. Returns the names kept."""
+    recorded = set(_read_marker(path)) | {RUN_MARKER}
+    kept: list[str] = []
+    for child in sorted(path.iterdir()):
+        leftover = _LEFTOVER.match(child.name)
+        owned = child.name in recorded or (
+            leftover is not None
+            and (leftover.group("file") is None or leftover["file"] in recorded)
+        )
+        if not owned:
+            kept.append(child.name)
+        elif child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    _known.pop(str(path.resolve()), None)
+    return kept
+
+
+_known: dict[str, set[str]] = {}
+
+
+def _read_marker(path: Path) -> list[str]:
+    try:
+        data = json.loads((path / RUN_MARKER).read_text(encoding="utf-8"))
+        files = data["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [str(name) for name in files] if isinstance(files, list) else []
+
+
+def _write_marker(path: Path, files: list[str]) -> None:
+    marker = {"format": RUN_FORMAT, "lmctl_version": __version__, "files": sorted(set(files))}
+    atomic_write(path / RUN_MARKER, json.dumps(marker, indent=1) + "\n")
+    _known[str(path.resolve())] = set(marker["files"])
+
+
+def record_written(path: Path, *names: str) -> None:
+    """Note in the run marker that lmctl wrote these entries of run directory ``path``
+    (nothing happens outside a run directory that lmctl created)."""
+    key = str(path.resolve())
+    known = _known.get(key)
+    if known is not None and known.issuperset(names):
+        return
+    if not is_lmctl_run(path):
+        return
+    files = set(_read_marker(path)) | set(names)
+    _write_marker(path, sorted(files))
 
 
 # Config fields that may name local files or directories; lmctl.yaml stores them absolute so
-# that resume and eval work from any working directory.
+# that resume and eval work from any working directory. Those that may also be a Hub id are
+# made absolute only when they exist; the others always (an output directory that does not
+# exist yet included).
 PATH_FIELDS = (
     "model_name_or_path",
     "config_name",
     "tokenizer_name",
-    "cache_dir",
     "dataset_name",
+)
+LOCAL_PATH_FIELDS = (
+    "output_dir",
+    "cache_dir",
+    "prepared_cache_dir",
     "train_file",
     "validation_file",
 )
 
 
+def absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
+    """Local paths of a resolved config made absolute (URLs and Hub ids are kept)."""
+    out = dict(data)
+    for name in (*PATH_FIELDS, *LOCAL_PATH_FIELDS):
+        value = out.get(name)
+        if not isinstance(value, str) or not value or is_remote(value):
+            continue
+        path = local_path(value)
+        if name in LOCAL_PATH_FIELDS or path.exists():
+            out[name] = os.path.abspath(path)
+    return out
+
+
 def write_config(path: Path, config: TrainConfig) -> None:
     """Save the resolved config. Local paths are made absolute; which checkpoint a run was
-    resumed from is not part of it (``lmctl resume`` finds the newest one itself)."""
+    resumed from is not part of it (``lmctl resume`` finds the newest one itself); secrets
+    (see :mod:`lmctl.secrets`) are left out, and named in a comment."""
     import yaml
 
     from lmctl.config.loader import dump_config
 
-    data = {"objective": config.objective, **dump_config(config)}
+    data = absolute_paths({"objective": config.objective, **dump_config(config, masked=True)})
     data["resume_from_checkpoint"] = None
-    for name in PATH_FIELDS:
-        value = data.get(name)
-        if isinstance(value, str) and not is_remote(value) and local_path(value).exists():
-            data[name] = str(local_path(value).resolve())
+    omitted = secrets.secret_keys(data)
+    data = secrets.redact(data, drop=True)
     header = (
         f"# lmctl {__version__} resolved config; rerun it with:\n"
         f"#   lmctl train {config.objective} --config {CONFIG_FILE}\n"
     )
+    if omitted:
+        header += (
+            f"# secrets not written: {', '.join(omitted)} (give them again from the "
+            "environment, e.g. HF_TOKEN)\n"
+        )
     atomic_write(path / CONFIG_FILE, header + yaml.safe_dump(data, sort_keys=False))
+    record_written(path, CONFIG_FILE)
+
+
+def restart_command(objective: str, run_dir: Path) -> str:
+    """The command that starts a run again from its saved config. It writes into that same
+    run only when lmctl created it (--overwrite-output-dir would be refused elsewhere), never
+    into the directory the config was first written for."""
+    import shlex
+
+    config = shlex.quote(str(run_dir / CONFIG_FILE))
+    if is_lmctl_run(run_dir):
+        target = f"--output-dir {shlex.quote(str(run_dir))} --overwrite-output-dir"
+    else:
+        target = "--output-dir NEW_DIR"
+    return f"lmctl train {objective} --config {config} {target}"
+
+
+def run_dir_of_config(config_file: str) -> Path | None:
+    """The run directory a config file belongs to: the folder of a run's own lmctl.yaml."""
+    file = local_path(config_file)
+    if file.name != CONFIG_FILE or not file.is_file():
+        return None
+    folder = file.resolve().parent
+    return folder if is_lmctl_run(folder) else None
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -121,9 +260,12 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def append_metrics(path: Path, record: dict[str, Any]) -> None:
-    line = json.dumps({"time": round(time.time(), 3), **record}, default=_json_default)
+    """One line of ``metrics.jsonl``: strict JSON (a NaN or infinity is written as null and
+    its key listed under ``non_finite``)."""
+    line = json_text({"time": round(time.time(), 3), **record})
     with open(path / METRICS_LOG, "a", encoding="utf-8") as handle:
         handle.write(line + "\n")
+    record_written(path, METRICS_LOG)
 
 
 def save_results(path: Path, split: str, metrics: dict[str, Any]) -> None:
@@ -141,14 +283,69 @@ def load_results(path: Path) -> dict[str, Any]:
     return json.loads(all_path.read_text()) if all_path.is_file() else {}
 
 
-def atomic_dir(final: Path, owner: str | None = None) -> AbstractContextManager[Path]:
+@contextmanager
+def atomic_dir(final: Path, owner: str | None = None) -> Iterator[Path]:
     """:func:`lmctl.storage.atomic.atomic_dir`, with a manifest when ``final`` is a checkpoint."""
-    return atomic.atomic_dir(final, owner, _manifest_for(final))
+    with atomic.atomic_dir(final, owner, _manifest_for(final)) as staging:
+        yield staging
+    record_written(final.parent, final.name)
 
 
 def commit_dir(staging: Path, final: Path) -> None:
     """:func:`lmctl.storage.atomic.commit_dir`, with a manifest when ``final`` is a checkpoint."""
     atomic.commit_dir(staging, final, _manifest_for(final))
+    record_written(final.parent, final.name)
+
+
+def model_staging(run_dir: Path, owner: str) -> Path:
+    """The folder the final model is written into before :func:`commit_model`; processes
+    that save one model together must agree on ``owner``."""
+    return atomic.staging_dir(run_dir / MODEL_STAGING, owner)
+
+
+def begin_model(run_dir: Path, owner: str) -> Path:
+    return atomic.begin_staging(run_dir / MODEL_STAGING, owner)
+
+
+def commit_model(staging: Path, run_dir: Path) -> None:
+    """Move a staged final model into the run directory, its manifest last (see
+    :func:`lmctl.storage.atomic.commit_files`)."""
+    names = atomic.commit_files(staging, run_dir, MODEL_MANIFEST, name=MODEL_STAGING)
+    record_written(run_dir, *names)
+
+
+def model_problem(path: Path) -> str | None:
+    """Why the model in ``path`` (a run or model directory) cannot be trusted, or None.
+
+    Its files must match the manifest of the final save. A run directory lmctl created needs
+    the manifest itself: without it the final save did not finish.
+    """
+    if not (path / MODEL_MANIFEST).is_file():
+        if is_lmctl_run(path) and (path / "config.json").is_file():
+            return f"{MODEL_MANIFEST} is missing (the final save did not finish)"
+        return None
+    return manifest_problem(path, MODEL_MANIFEST)
+
+
+def save_tokenizer(tokenizer: Any, run_dir: Path) -> None:
+    """The tokenizer alone in the run directory (a run that only evaluates)."""
+    written = tokenizer.save_pretrained(str(run_dir))
+    record_written(run_dir, *(Path(name).name for name in written or ()))
+
+
+def write_state(state: Any, folder: Path) -> None:
+    """``trainer_state.json`` as ``TrainerState.save_to_json`` writes it, but strict JSON
+    (a NaN or infinity in the log history becomes null)."""
+    clean, _ = finite(dataclasses.asdict(state))
+    text = json.dumps(clean, indent=2, sort_keys=True, allow_nan=False, default=str) + "\n"
+    atomic_write(folder / STATE_FILE, text)
+    record_written(folder, STATE_FILE)
+
+
+def record_trackers(run_dir: Path, existed: bool) -> None:
+    """The trackers' log folder (``runs/``), when this run created it."""
+    if not existed and (run_dir / "runs").is_dir():
+        record_written(run_dir, "runs")
 
 
 def _manifest_for(final: Path) -> str | None:
@@ -244,7 +441,7 @@ def rotate_checkpoints(
 
 def command_line() -> str:
     args = ["lmctl", *sys.argv[1:]]
-    return " ".join(_shell_quote(arg) for arg in _redact(args))
+    return secrets.mask_text(" ".join(_shell_quote(arg) for arg in _redact(args)))
 
 
 def _redact(args: list[str]) -> list[str]:
@@ -288,7 +485,7 @@ def write_model_card(
     """
     import yaml
 
-    base_model = config.model_name_or_path
+    base_model = published_model_name(config.model_name_or_path)
     datasets = [config.dataset_name] if config.dataset_name else []
     metadata: dict[str, Any] = {
         "library_name": "transformers",
@@ -340,22 +537,61 @@ def write_model_card(
         "| hyperparameter | value |",
         "| --- | --- |",
     ]
-    for key in (
-        "learning_rate",
-        "per_device_train_batch_size",
-        "gradient_accumulation_steps",
-        "num_train_epochs",
-        "max_steps",
-        "lr_scheduler_type",
-        "warmup_steps",
-        "weight_decay",
-        "seed",
-    ):
-        lines.append(f"| {key} | {getattr(config, key)} |")
+    for key, value in deciding_settings(config).items():
+        lines.append(f"| {key} | {value} |")
     lines += ["", "## Framework versions", ""]
     shown = versions or framework_versions()
     lines += [f"- {name} {version}" for name, version in shown.items()]
     atomic_write(path / "README.md", "\n".join(lines) + "\n")
+    record_written(path, "README.md")
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def published_model_name(name: str | None) -> str | None:
+    """How a model card names the base model: its Hub id when it came from the Hub (or when
+    the local copy's config records one as ``_name_or_path``), otherwise only the folder's
+    name, so that no local path is published."""
+    if not name:
+        return None
+    if name.startswith("hf://"):
+        return name.removeprefix("hf://")
+    if is_remote(name):
+        return name.rstrip("/").rsplit("/", 1)[-1] or None
+    path = local_path(name)
+    if not path.exists():
+        return name if _HUB_ID.match(name) else path.name
+    try:
+        recorded = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        origin = recorded.get("_name_or_path") if isinstance(recorded, dict) else None
+    except (OSError, ValueError):
+        origin = None
+    if isinstance(origin, str) and _HUB_ID.match(origin) and not local_path(origin).exists():
+        return origin
+    return path.resolve().name
+
+
+def deciding_settings(config: TrainConfig) -> dict[str, Any]:
+    """The hyperparameters that decided the run: the length is either the epochs or
+    --max-steps (which overrides them), the warmup either a ratio or steps."""
+    settings: dict[str, Any] = {
+        "learning_rate": config.learning_rate,
+        "per_device_train_batch_size": config.per_device_train_batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+    }
+    if config.max_steps:
+        settings["max_steps"] = config.max_steps
+    else:
+        settings["num_train_epochs"] = config.num_train_epochs
+    settings["lr_scheduler_type"] = config.lr_scheduler_type
+    if config.warmup_ratio is not None:
+        settings["warmup_ratio"] = config.warmup_ratio
+    elif config.warmup_steps:
+        settings["warmup_steps"] = config.warmup_steps
+    settings["weight_decay"] = config.weight_decay
+    settings["seed"] = config.seed
+    return settings
 
 
 def framework_versions() -> dict[str, str]:
@@ -382,12 +618,8 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
-
-
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """A results file, written atomically (upstream layout: indented, sorted keys)."""
-    atomic_write(path, json.dumps(data, indent=4, sort_keys=True, default=_json_default) + "\n")
+    """A results file, written atomically (upstream layout: indented, sorted keys), strict
+    JSON: a NaN or infinity is written as null and its key listed under ``non_finite``."""
+    atomic_write(path, json_text(data, indent=4, sort_keys=True) + "\n")
+    record_written(path.parent, path.name)

@@ -58,19 +58,63 @@ def commit_dir(staging: Path, final: Path, manifest: str | None = None) -> None:
     With ``manifest``, a list of the files and their sizes is written last under that name,
     so that a later truncation or partial copy is detected by :func:`manifest_problem`.
     """
-    _test_pause(final)
+    _test_pause(final.name)
     if manifest is not None:
-        files = {
-            str(file.relative_to(staging)): file.stat().st_size
-            for file in sorted(staging.rglob("*"))
-            if file.is_file()
-        }
-        (staging / manifest).write_text(json.dumps({"files": files}, indent=1) + "\n")
+        _write_manifest(staging, manifest)
     _fsync_tree(staging)
     if final.exists():
         remove_dir(final)
     os.replace(staging, final)
     _fsync_dir(final.parent)
+
+
+def _write_manifest(staging: Path, manifest: str) -> dict[str, int]:
+    files = {
+        file.relative_to(staging).as_posix(): file.stat().st_size
+        for file in sorted(staging.rglob("*"))
+        if file.is_file() and file.name != manifest
+    }
+    (staging / manifest).write_text(json.dumps({"files": files}, indent=1) + "\n")
+    return files
+
+
+def commit_files(staging: Path, folder: Path, manifest: str, *, name: str) -> list[str]:
+    """Move the files of ``staging`` into ``folder``, which holds other things too (so it
+    cannot be renamed as a whole), with ``manifest`` as the commit point.
+
+    The manifest (every file and its size) is written into staging and flushed; the old one in
+    ``folder`` is removed, the files are moved in (those of the old manifest that the new one
+    lacks are deleted), and the manifest is moved in last. A reader that finds the manifest
+    and the files it lists finds a complete set; a crash before the old manifest is removed
+    leaves the old set whole, and one after it leaves no manifest, which says "incomplete".
+    ``name`` selects the save for the test pause. Returns the top-level names written.
+    """
+    _test_pause(name)
+    files = _write_manifest(staging, manifest)
+    _fsync_tree(staging)
+    previous = _listed(folder / manifest)
+    if (folder / manifest).exists():
+        (folder / manifest).unlink()
+        _fsync_dir(folder)
+    for rel in files:
+        target = folder / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging / rel, target)
+    for rel in previous:
+        if rel not in files and (folder / rel).is_file():
+            (folder / rel).unlink()
+    os.replace(staging / manifest, folder / manifest)
+    _fsync_dir(folder)
+    shutil.rmtree(staging, ignore_errors=True)
+    return sorted({rel.split("/", 1)[0] for rel in files} | {manifest})
+
+
+def _listed(listing: Path) -> dict[str, int]:
+    try:
+        files = json.loads(listing.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return files if isinstance(files, dict) else {}
 
 
 def manifest_problem(path: Path, manifest: str) -> str | None:
@@ -92,17 +136,18 @@ def manifest_problem(path: Path, manifest: str) -> str | None:
     return None
 
 
-def _test_pause(final: Path) -> None:
+def _test_pause(save: str) -> None:
     """Test hook: ``LMCTL_TEST_PAUSE_IN_SAVE=SECONDS`` (every save) or ``NAME:SECONDS`` (only
-    the directory called NAME) sleeps after the content is written and before the rename, so
-    that a test can kill the process in the middle of a save."""
+    the save called NAME: a checkpoint's directory name, or ``model`` for the final model)
+    sleeps after the content is written and before the rename, so that a test can kill the
+    process in the middle of a save."""
     value = os.environ.get(TEST_PAUSE_ENV, "").strip()
     if not value:
         return
     name, _, seconds = value.rpartition(":")
-    if name and name != final.name:
+    if name and name != save:
         return
-    sys.stderr.write(f"{TEST_PAUSE_ENV}: pausing {seconds}s before committing {final.name}\n")
+    sys.stderr.write(f"{TEST_PAUSE_ENV}: pausing {seconds}s before committing {save}\n")
     sys.stderr.flush()
     time.sleep(float(seconds))
 
@@ -146,10 +191,11 @@ def discard_staging(path: Path) -> list[Path]:
     return found
 
 
-def atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, content: str | bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    with open(tmp, "wb") as handle:
+        handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)

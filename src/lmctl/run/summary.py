@@ -1,0 +1,203 @@
+"""What a run directory says about its run: loss curves, status and headline numbers.
+
+Read by ``lmctl runs``, the end-of-training sparklines and ``loss.png``. Light: JSON and YAML
+only. The curves come from ``metrics.jsonl``; a resumed run logged its steps after the
+checkpoint again, and those later records replace the earlier ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmctl.console import format_number, sparkline
+from lmctl.errors import LmctlError
+from lmctl.metrics import perplexity
+from lmctl.objectives import OBJECTIVES, get_objective
+from lmctl.run import rundir
+from lmctl.run.resume import resume_command
+
+Point = tuple[int, float]
+
+
+@dataclass
+class Curves:
+    """Train loss, eval loss and learning rate against the optimizer step."""
+
+    train_loss: list[Point] = field(default_factory=list)
+    eval_loss: list[Point] = field(default_factory=list)
+    learning_rate: list[Point] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.train_loss or self.eval_loss)
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / rundir.METRICS_LOG
+    records: list[dict[str, Any]] = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return records
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a kill
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def read_curves(run_dir: Path) -> Curves:
+    series: dict[str, dict[int, float]] = {"loss": {}, "eval_loss": {}, "learning_rate": {}}
+    for record in read_records(run_dir):
+        step = record.get("step")
+        if not isinstance(step, int):
+            continue
+        if record.get("event") == "resume":
+            for points in series.values():
+                for later in [s for s in points if s > step]:
+                    del points[later]
+            continue
+        for key, points in series.items():
+            value = record.get(key)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                points[step] = float(value)
+    return Curves(
+        train_loss=sorted(series["loss"].items()),
+        eval_loss=sorted(series["eval_loss"].items()),
+        learning_rate=sorted(series["learning_rate"].items()),
+    )
+
+
+def sparklines(run_dir: Path) -> dict[str, str]:
+    """Rows for the end-of-run summary: each loss curve as a sparkline, first -> last."""
+    curves = read_curves(run_dir)
+    rows = {}
+    for label, points in (("train loss", curves.train_loss), ("eval loss", curves.eval_loss)):
+        values = [value for _, value in points]
+        if len(values) >= 2:
+            first, last = format_number(values[0]), format_number(values[-1])
+            rows[label] = f"{sparkline(values)} {first} -> {last}"
+    return rows
+
+
+@dataclass
+class RunSummary:
+    path: str
+    objective: str | None
+    model: str | None
+    status: str
+    step: int | None
+    max_steps: int | None
+    best_eval_loss: float | None
+    final_eval_loss: float | None
+    perplexity: float | None
+    accuracy: float | None
+    age_seconds: float
+    resume_command: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Run directories (with an ``lmctl.yaml``): ``root`` itself, or the folders in it."""
+    if (root / rundir.CONFIG_FILE).is_file():
+        return [root]
+    if not root.is_dir():
+        return []
+    found = [child for child in root.iterdir() if (child / rundir.CONFIG_FILE).is_file()]
+    return sorted(found, key=lambda path: path.name)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _model_name(config: dict[str, Any]) -> str | None:
+    name = config.get("model_name_or_path")
+    if isinstance(name, str):
+        return Path(name).name if Path(name).is_absolute() else name
+    kind = config.get("model_type") or config.get("config_name")
+    return f"{kind} (from scratch)" if kind else None
+
+
+def summarize(run_dir: Path, now: float | None = None) -> RunSummary:
+    try:
+        config = rundir.read_config(run_dir)
+    except LmctlError:
+        config = {}
+    objective = config.get("objective") if config.get("objective") in OBJECTIVES else None
+    state = _read_json(run_dir / rundir.STATE_FILE)
+    checkpoint = rundir.latest_checkpoint(run_dir)
+    checkpoint_step = rundir.checkpoint_step(checkpoint) if checkpoint else None
+    records = read_records(run_dir)
+    failed = next((r for r in reversed(records) if r.get("event") in ("failed", "resume")), None)
+    results = rundir.load_results(run_dir)
+    finished_step = state.get("global_step")
+    step: int | None
+    if (
+        results
+        and isinstance(finished_step, int)
+        and (checkpoint_step is None or finished_step >= checkpoint_step)
+    ):
+        status, step, max_steps = "finished", finished_step, state.get("max_steps")
+    elif failed is not None and failed.get("event") == "failed":
+        status, step, max_steps = f"failed at step {failed.get('step')}", failed.get("step"), None
+    elif checkpoint is not None:
+        saved = _read_json(checkpoint / rundir.STATE_FILE)
+        status, step = f"interrupted at step {checkpoint_step}", checkpoint_step
+        max_steps = saved.get("max_steps")
+    else:
+        status, step, max_steps = "failed", None, None
+    curves = read_curves(run_dir)
+    evals = [value for _, value in curves.eval_loss]
+    final = results.get("eval_loss") if status == "finished" else None
+    if not isinstance(final, (int, float)):
+        final = evals[-1] if evals else None
+    ppl = results.get("perplexity") if status == "finished" else None
+    accuracy = results.get("eval_accuracy") if status == "finished" else None
+    if accuracy is None:
+        last_eval = next((r for r in reversed(records) if "eval_accuracy" in r), None)
+        accuracy = last_eval.get("eval_accuracy") if last_eval else None
+    reports_perplexity = objective is not None and get_objective(objective).reports_perplexity
+    if ppl is None and final is not None and reports_perplexity:
+        ppl = perplexity(final)
+    times = [
+        path.stat().st_mtime
+        for path in (run_dir / rundir.METRICS_LOG, run_dir / rundir.CONFIG_FILE)
+        if path.exists()
+    ]
+    age = (now if now is not None else time.time()) - max(times, default=0.0)
+    interrupted = status.startswith("interrupted")
+    return RunSummary(
+        path=str(run_dir),
+        objective=objective,
+        model=_model_name(config),
+        status=status,
+        step=step,
+        max_steps=max_steps if isinstance(max_steps, int) and max_steps > 0 else None,
+        best_eval_loss=min(evals) if evals else final,
+        final_eval_loss=final,
+        perplexity=ppl,
+        accuracy=accuracy,
+        age_seconds=round(age, 1),
+        resume_command=resume_command(run_dir) if interrupted else None,
+    )
+
+
+def format_age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"

@@ -1,0 +1,100 @@
+"""Ordinary mistakes exit with their documented code and one line, before any work, and
+leave no half-made run directory behind."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_GPT2, assert_clean_failure, lmctl
+
+pytestmark = pytest.mark.e2e
+
+Case = Callable[[Path, Path, Path], list[str | Path]]
+
+
+def _train(tmp: Path, train: Path, tokenizer: Path, *extra: str | Path) -> list[str | Path]:
+    return [
+        "train",
+        "clm",
+        *TINY_GPT2,
+        "--tokenizer-name",
+        tokenizer,
+        "--train-file",
+        train,
+        "--max-steps",
+        "1",
+        "--output-dir",
+        tmp / "run",
+        *extra,
+    ]
+
+
+def _deepspeed_config(tmp: Path, train: Path, tokenizer: Path) -> list[str | Path]:
+    config = tmp / "lmctl.yaml"
+    config.write_text("training_args:\n  deepspeed: {zero_optimization: {stage: 2}}\n")
+    return _train(tmp, train, tokenizer, "--config", config)
+
+
+def _output_under_a_file(tmp: Path, train: Path, tokenizer: Path) -> list[str | Path]:
+    (tmp / "notes.txt").write_text("a file\n")
+    args = _train(tmp, train, tokenizer)
+    args[args.index(tmp / "run")] = tmp / "notes.txt" / "run"
+    return args
+
+
+CASES: dict[str, tuple[Case, int, str]] = {
+    "unknown tracker, trainer": (
+        lambda t, d, k: _train(t, d, k, "--report-to", "nosuchtracker"),
+        2,
+        "--report-to nosuchtracker",
+    ),
+    "unknown tracker, accelerate": (
+        lambda t, d, k: _train(t, d, k, "--report-to", "nosuchtracker", "--engine", "accelerate"),
+        2,
+        "--report-to nosuchtracker",
+    ),
+    "tracker not installed, trainer": (
+        lambda t, d, k: _train(t, d, k, "--report-to", "comet_ml"),
+        2,
+        "not installed",
+    ),
+    "deepspeed not installed": (_deepspeed_config, 2, "DeepSpeed"),
+    "output dir under a file": (_output_under_a_file, 2, "notes.txt"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_train_mistakes_exit_with_their_code(
+    name: str, tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path
+) -> None:
+    if name == "tracker not installed, trainer":
+        import importlib.util
+
+        if importlib.util.find_spec("comet_ml") is not None:
+            pytest.skip("comet_ml is installed here")
+    if name == "deepspeed not installed":
+        import importlib.util
+
+        if importlib.util.find_spec("deepspeed") is not None:
+            pytest.skip("deepspeed is installed here")
+    build, code, needle = CASES[name]
+    proc = lmctl(*build(tmp_path, text_files[0], bpe_tokenizer))
+    assert_clean_failure(proc, code, needle)
+    assert not (tmp_path / "run").exists(), "a half-made run directory was left behind"
+
+
+def test_truncated_weights_exit_5(
+    tiny_clm_run: Path, tmp_path: Path, text_files: tuple[Path, Path]
+) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_clm_run, model, ignore=shutil.ignore_patterns("checkpoint-*"))
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    before = weights.read_bytes()
+    proc = lmctl("eval", model, "--validation-file", text_files[1], "--block-size", "64")
+    assert_clean_failure(proc, 5, str(model))
+    assert weights.read_bytes() == before
