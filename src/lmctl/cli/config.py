@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import sys
 from typing import Annotated, Any, Literal
 
 import typer
@@ -102,11 +101,11 @@ def run_show(
     resolved = {"objective": name, **dump_config(config)}
     if not console.options.json:
         if options["output_format"] == "json":
-            sys.stdout.write(json.dumps(resolved, indent=2) + "\n")
+            console.write(json.dumps(resolved, indent=2) + "\n")
         else:
             import yaml
 
-            sys.stdout.write(yaml.safe_dump(resolved, sort_keys=False))
+            console.write(yaml.safe_dump(resolved, sort_keys=False))
     return {"config": resolved}
 
 
@@ -128,7 +127,7 @@ def run_validate(file: str, task: str | None, console: Console) -> dict[str, Any
     problems = config_file_problems(spec.config_class, file, objective, defaults)
     if not problems:
         if not console.options.json:
-            sys.stdout.write(f"{file}: a valid 'lmctl train {objective}' config\n")
+            console.write(f"{file}: a valid 'lmctl train {objective}' config\n")
         return {"file": file, "objective": objective, "valid": True}
     listed = [{"message": message, "hint": hint} for message, hint in problems]
     if not console.options.json:
@@ -136,7 +135,7 @@ def run_validate(file: str, task: str | None, console: Console) -> dict[str, Any
         lines = [f"{file}: {len(problems)} {noun} for 'lmctl train {objective}':"]
         for index, (message, hint) in enumerate(problems, 1):
             lines += [f"  {index}. {message}", f"     hint: {hint}"]
-        sys.stdout.write("\n".join(lines) + "\n")
+        console.write("\n".join(lines) + "\n")
     noun = "problem" if len(problems) == 1 else "problems"
     raise ConfigError(
         f"{file} is not a valid 'lmctl train {objective}' config: {len(problems)} {noun}",
@@ -145,11 +144,11 @@ def run_validate(file: str, task: str | None, console: Console) -> dict[str, Any
     )
 
 
-def run_schema(task: str) -> dict[str, Any]:
+def run_schema(task: str, console: Console) -> dict[str, Any]:
     from lmctl.config.loader import json_schema
 
     schema = json_schema(get_objective(task).config_class, task)
-    sys.stdout.write(json.dumps(schema, indent=2) + "\n")
+    console.write(json.dumps(schema, indent=2) + "\n")
     return schema
 
 
@@ -160,7 +159,7 @@ def _validate_command(file: str, **values: Any) -> None:
 
 
 def _schema_command(task: str) -> None:
-    run_command(lambda console: run_schema(task), OutputOptions(), "config schema")
+    run_command(lambda console: run_schema(task, console), OutputOptions(), "config schema")
 
 
 def register(app: typer.Typer, parent: CommandDoc) -> None:

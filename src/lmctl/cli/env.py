@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import sys
 from typing import Any
 
 import typer
@@ -37,7 +36,7 @@ def run_env(console: Console) -> dict[str, Any]:
             else:
                 rows.append((key, str(value)))
         width = max(len(key) for key, _ in rows)
-        sys.stdout.write("\n".join(f"{key:<{width}}  {value}" for key, value in rows) + "\n")
+        console.write("\n".join(f"{key:<{width}}  {value}" for key, value in rows) + "\n")
     return info
 
 

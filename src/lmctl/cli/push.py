@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -130,7 +129,7 @@ def _print_listing(result: dict[str, Any], console: Console) -> None:
             f"would delete {len(deleted)} files of the model now at {result['destination']}:"
         )
         lines += [f"  {rel}" for rel in deleted]
-    sys.stdout.write("\n".join(lines) + "\n")
+    console.write("\n".join(lines) + "\n")
 
 
 def _parameters() -> list[inspect.Parameter]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -72,7 +71,7 @@ def run_runs(folder: str, console: Console) -> dict[str, Any]:
     summaries = [summarize(path) for path in find_runs(root)]
     if not console.options.json:
         if not summaries:
-            sys.stdout.write(f"no runs in {folder}\n")
+            console.write(f"no runs in {folder}\n")
         else:
             rows = [[*COLUMNS, "age"], *(_row(s) for s in summaries)]
             widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -84,7 +83,7 @@ def run_runs(folder: str, console: Console) -> dict[str, Any]:
             if waiting:
                 lines += ["", "continue interrupted runs with:"]
                 lines += [f"  {s.resume_command}" for s in waiting]
-            sys.stdout.write("\n".join(line.rstrip() for line in lines) + "\n")
+            console.write("\n".join(line.rstrip() for line in lines) + "\n")
     return {"runs": [s.to_json() for s in summaries]}
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -169,7 +168,7 @@ def run_train(
         if not console.options.json:
             import yaml
 
-            sys.stdout.write(yaml.safe_dump(resolved, sort_keys=False))
+            console.write(yaml.safe_dump(resolved, sort_keys=False))
         return {"dry_run": True, "config": resolved}
     relaunch(config, console)
     if is_main_process():
@@ -199,10 +198,6 @@ def resolve_train_config(
     embedded = objective.embedded_default()
     if embedded and not any(key in cli_values or key in file_keys for key in SOURCE_KEYS):
         defaults = embedded
-        console.info(
-            f"no model and no data given: training the embedded default "
-            f"({embedded.get('model_type')} from scratch on {embedded.get('train_file')})"
-        )
     config = build_config(
         objective.config_class,
         cli_values=cli_values,
@@ -210,12 +205,36 @@ def resolve_train_config(
         defaults=defaults,
         objective=name,
     )
+    if defaults:
+        console.info(embedded_default_line(config, defaults, set(cli_values) | file_keys))
     owner = run_dir_of_config(config_file) if config_file else None
     if owner is not None and "output_dir" not in cli_values:
         # A run's own config targets that run, wherever it was first written for (a copy's
         # lmctl.yaml names the original's directory).
         config = config.model_copy(update={"output_dir": str(owner)})
     return with_output_dir(config)
+
+
+def embedded_default_line(config: Any, defaults: dict[str, Any], given_keys: set[str]) -> str:
+    """One line saying that the embedded default runs, with the settings of its own that
+    apply (they differ from the defaults that --help shows)."""
+    from pathlib import Path
+
+    from lmctl.config.fields import flag_name
+
+    settings = [
+        key
+        for key in defaults
+        if key not in SOURCE_KEYS and key not in given_keys and key != "config_overrides"
+    ]
+    if config.max_steps:
+        settings = [key for key in settings if key != "num_train_epochs"]
+    shown = ", ".join(f"{flag_name(key)} {getattr(config, key)}" for key in settings)
+    return (
+        f"no model and no data given: training the embedded default, a small "
+        f"{config.model_type} ({config.config_overrides}) from scratch on "
+        f"{Path(str(config.train_file)).name}, with its own settings: {shown}"
+    )
 
 
 def headline(metrics: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:

@@ -582,7 +582,10 @@ class TrainConfig(StrictModel):
                 "give --tokenizer-name DIR, or --train-tokenizer VOCAB_SIZE to train one on "
                 "the training data",
             )
-        if self.dataset_name is None and self.train_file is None and self.validation_file is None:
+        no_data = (
+            self.dataset_name is None and self.train_file is None and self.validation_file is None
+        )
+        if no_data:
             problems.add(
                 "no data: give --dataset-name or --train-file/--validation-file",
                 "e.g. --train-file corpus.txt",
@@ -612,9 +615,15 @@ class TrainConfig(StrictModel):
                 "--train-file and --validation-file must have the same file type",
                 "convert one of them so both are txt, csv, json/jsonl or parquet",
             )
-        if self.do_train and self.train_file is None and self.dataset_name is None:
+        # With no data at all, the one "no data" problem above says it all.
+        if not no_data and self.do_train and self.train_file is None and not self.dataset_name:
             problems.add("--do-train needs training data", "give --train-file or --dataset-name")
-        if self.train_tokenizer is not None and self.train_file is None and not self.dataset_name:
+        if (
+            not no_data
+            and self.train_tokenizer is not None
+            and self.train_file is None
+            and not self.dataset_name
+        ):
             problems.add("--train-tokenizer needs training data to learn from", "give --train-file")
         for name in self.imports:
             if name.endswith(".py") and not local_path(name).is_file():

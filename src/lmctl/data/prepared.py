@@ -54,6 +54,9 @@ DATA_FILE = "data.arrow"
 #: The manifest sections that make up the key, in the order changes are reported.
 KEYED = ("data", "tokenizer", "params", "lmctl_version", "format")
 
+#: A cache of the same data that differs in more settings than this is another config's.
+MAX_REPORTED_CHANGES = 2
+
 #: Builds one split into the Arrow file it is given; returns statistics for the manifest.
 Builder = Callable[[str, "Dataset", Path], dict[str, Any]]
 
@@ -293,12 +296,14 @@ def _explain_rebuild(root: Path, split: str, manifest: dict[str, Any], console: 
             shutil.rmtree(candidate.parent, ignore_errors=True)
             console.info(f"removed prepared data for a file that has changed: {candidate.parent}")
         same_source.append(stored)
-    if not same_source:
-        console.info(f"{split}: preparing data (no prepared cache for it yet)")
+    # Only the same data prepared with a setting or two changed (or the same file, changed
+    # since) is worth comparing with; anything further away is simply another config.
+    candidates = [describe_changes(stored, manifest) for stored in same_source]
+    closest = min(candidates, key=len, default=None)
+    if closest is None or len(closest) > MAX_REPORTED_CHANGES:
+        console.info(f"{split}: no prepared data for this config yet; preparing data")
         return
-    newest = max(same_source, key=lambda stored: str(stored.get("created", "")))
-    changes = describe_changes(newest, manifest)
-    console.info(f"{split}: prepared data exists but {'; '.join(changes)}: preparing it again")
+    console.info(f"{split}: prepared data exists but {'; '.join(closest)}: preparing it again")
 
 
 def _source_name(data: dict[str, Any]) -> Any:

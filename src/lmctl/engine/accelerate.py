@@ -27,9 +27,11 @@ from lmctl.engine.common import (
     TRACKING_PROJECT,
     EngineResult,
     NonFiniteLoss,
+    RunTotals,
     StepReporter,
     any_process,
     resolve_resume,
+    whole_run,
 )
 from lmctl.engine.optim import Plan, make_optimizer, make_plan, make_scheduler
 from lmctl.engine.sharding import accelerate_plugins
@@ -194,6 +196,8 @@ class AccelerateRun:
         # Counters of this session, per process; summed over processes by _update_totals().
         self._local = {"tokens": 0.0, "flos": 0.0, "samples": 0.0}
         self._restored: dict[str, float] = {"tokens": 0, "flos": 0.0}
+        #: The run's training totals before this session (None: unknown).
+        self._totals_before: RunTotals | None = RunTotals()
         model = self._unwrapped()
         self._flos_per_token = 6 * model.num_parameters(exclude_embeddings=True)
         self._main_input = getattr(model, "main_input_name", "input_ids")
@@ -296,7 +300,7 @@ class AccelerateRun:
             self.reporter.end()
             self._save_model()
             return EngineResult(global_step=state.global_step, resumed_from=checkpoint)
-        train_metrics = self._train_metrics()
+        train_metrics = whole_run(self._train_metrics(), self._totals_before, state.global_step)
         self.reporter.end()
         self._save_model()
         dataset_size = _length(self.prepared.train_dataset)
@@ -546,7 +550,9 @@ class AccelerateRun:
         loss_sum, count = 0.0, 0
         start = time.time()
         self.model.eval()
-        for batch in self._even(self.eval_loader):
+        steps = _length(self.eval_loader)
+        for step, batch in enumerate(self._even(self.eval_loader), 1):
+            self.reporter.eval_step(step, steps)
             with torch.no_grad():
                 outputs = self.model(**batch)
             losses = acc.gather_for_metrics(
@@ -564,6 +570,7 @@ class AccelerateRun:
                 predictions, labels = acc.gather_for_metrics((predictions, labels))
                 if self.is_main:
                     metrics.update(predictions, labels)
+        self.reporter.end_eval()
         self.model.train()
         self._eval_count = count
         results: dict[str, Any] = {"eval_loss": loss_sum / max(count, 1)}
@@ -625,6 +632,12 @@ class AccelerateRun:
             self._unwrapped().config.save_pretrained(staging)
             self._save_generation_config(staging)
             self.prepared.tokenizer.save_pretrained(staging)
+            if self._totals_before is not None:
+                self._totals_before.then(
+                    state.global_step,
+                    self._total_loss + self._loss_since_log,
+                    time.time() - self._start,
+                ).record(state)
             rundir.write_state(state, staging)
             rundir.commit_dir(staging, final)
             rundir.rotate_checkpoints(self.run_dir, self.config.save_total_limit)
@@ -656,6 +669,7 @@ class AccelerateRun:
         state.epoch = saved.epoch
         state.log_history = saved.log_history
         self._restored = {"tokens": saved.num_input_tokens_seen, "flos": saved.total_flos}
+        self._totals_before = RunTotals.of_checkpoint(checkpoint)
         self._position = (int(position["epoch"]), int(position["batches_done"]))
         return self._position
 

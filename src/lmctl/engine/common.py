@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,68 @@ class EngineResult:
     checkpoint: Path | None = None
 
 
+#: Where a checkpoint's ``trainer_state.json`` records the run's training totals so far
+#: (under ``stateful_callbacks``; the Trainer ignores names it does not know).
+RUN_TOTALS = "LmctlRunTotals"
+
+
+@dataclass
+class RunTotals:
+    """Training totals of a run up to a step, over every segment of it (a resumed run goes
+    on from those of its checkpoint)."""
+
+    steps: int = 0
+    #: Sum of the per-step training losses.
+    loss_sum: float = 0.0
+    #: Seconds spent training.
+    runtime: float = 0.0
+
+    def then(self, steps: int, session_loss_sum: float, session_seconds: float) -> RunTotals:
+        """The totals after this session's steps so far."""
+        return RunTotals(steps, self.loss_sum + session_loss_sum, self.runtime + session_seconds)
+
+    def record(self, state: Any) -> None:
+        """Store in a ``TrainerState`` about to be saved into a checkpoint."""
+        extra: Any = state.stateful_callbacks or {}
+        extra[RUN_TOTALS] = asdict(self)
+        state.stateful_callbacks = extra
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: str | None) -> RunTotals | None:
+        """The totals a checkpoint recorded (a fresh run: zero; None: unknown)."""
+        if checkpoint is None:
+            return cls()
+        try:
+            saved = rundir.read_checkpoint_state(Path(checkpoint))
+            data = (saved.get("stateful_callbacks") or {})[RUN_TOTALS]
+            return cls(int(data["steps"]), float(data["loss_sum"]), float(data["runtime"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def whole_run(
+    metrics: dict[str, Any], before: RunTotals | None, global_step: int
+) -> dict[str, Any]:
+    """A session's end-of-training metrics over the whole run: ``train_loss`` is the mean over
+    every step of every segment, ``train_runtime`` their sum; rates stay this session's.
+
+    Without the totals of the checkpoint resumed from (one written by an older lmctl), the
+    loss and runtime are named as this segment's instead.
+    """
+    out = dict(metrics)
+    if before is None:
+        for key in ("train_loss", "train_runtime"):
+            if key in out:
+                out[f"{key}_last_segment"] = out.pop(key)
+        return out
+    if before.steps <= 0 or "train_loss" not in out:
+        return out
+    session = global_step - before.steps
+    out["train_loss"] = (before.loss_sum + out["train_loss"] * session) / max(global_step, 1)
+    out["train_runtime"] = round(before.runtime + out.get("train_runtime", 0.0), 4)
+    return out
+
+
 class StepReporter:
     """Turns engine events into progress updates and ``metrics.jsonl`` records."""
 
@@ -53,11 +115,14 @@ class StepReporter:
         self.stats: dict[str, Any] = {}
         self._start = 0.0
         self._tokens_at_start = 0
+        self._training = False
+        self._eval_steps: int | None = None
 
     def begin(self, total_steps: int, start_step: int = 0, tokens_seen: int = 0) -> None:
         self._start = time.monotonic()
         self._tokens_at_start = tokens_seen
         if self.is_main:
+            self._training = True
             self.console.start_progress(total_steps)
 
     def step(self, step: int, epoch: float | None, tokens_seen: int = 0) -> None:
@@ -91,6 +156,22 @@ class StepReporter:
 
     def end(self) -> None:
         if self.is_main:
+            self._training = False
+            self.console.stop_progress()
+
+    def eval_step(self, step: int, total_steps: int | None) -> None:
+        """Progress of an evaluation outside training (the final one), as ``lmctl eval``
+        shows it; evaluations during training only log their result."""
+        if not self.is_main or self._training:
+            return
+        if self._eval_steps is None:
+            self._eval_steps = total_steps or 0
+            self.console.start_progress(self._eval_steps, "evaluating")
+        self.console.update_progress(step, {}, log_line=False)
+
+    def end_eval(self) -> None:
+        if self._eval_steps is not None:
+            self._eval_steps = None
             self.console.stop_progress()
 
 

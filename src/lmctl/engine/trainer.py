@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,9 +17,11 @@ from lmctl.engine.common import (
     TRACKING_PROJECT,
     EngineResult,
     NonFiniteLoss,
+    RunTotals,
     StepReporter,
     any_process,
     resolve_resume,
+    whole_run,
 )
 from lmctl.engine.optim import fused_adamw_available
 from lmctl.engine.sharding import trainer_options
@@ -177,6 +180,9 @@ def _make_trainer_class() -> type:
         save_total_limit: int | None = None
         #: Tokens per training sample, to batch samples of similar length together.
         train_lengths: list[int] | None = None
+        #: The run's training totals before this session (None: unknown).
+        run_totals: RunTotals | None = RunTotals()
+        _session_start = 0.0
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -232,6 +238,11 @@ def _make_trainer_class() -> type:
                         stateful[name].append(cb.state())
                     else:
                         stateful[name] = cb.state()
+                if self.run_totals is not None:
+                    session_loss = self._total_loss_scalar + float(self._tr_loss.item())
+                    self.run_totals.then(
+                        self.state.global_step, session_loss, time.time() - self._session_start
+                    ).record(self.state)
                 rundir.write_state(self.state, staging)
                 rundir.commit_dir(staging, final)
             self.accelerator.wait_for_everyone()
@@ -339,6 +350,8 @@ def _make_trainer_class() -> type:
                 trial,
             )
             self.state.compute_steps(self.args, max_steps)
+            self.run_totals = RunTotals.of_checkpoint(resume_from_checkpoint)
+            self._session_start = time.time()
             checkpoint = resume_from_checkpoint
             if self.stream_position is None or checkpoint is None or self.args.ignore_data_skip:
                 return epochs, batches
@@ -410,6 +423,7 @@ def _callback_class() -> type:
             self.reporter = reporter
             #: Turns this process's stop request into the decision of every process.
             self.agree: Any = lambda requested: requested
+            self.eval_steps = 0
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.reporter.begin(state.max_steps, state.global_step, state.num_input_tokens_seen)
@@ -429,6 +443,20 @@ def _callback_class() -> type:
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.reporter.end()
+
+        def on_prediction_step(
+            self, args: Any, state: Any, control: Any, eval_dataloader: Any = None, **kwargs: Any
+        ) -> None:
+            self.eval_steps += 1
+            try:
+                total = len(eval_dataloader)
+            except TypeError:
+                total = None
+            self.reporter.eval_step(self.eval_steps, total)
+
+        def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.eval_steps = 0
+            self.reporter.end_eval()
 
     return ReportingCallback
 
@@ -511,7 +539,9 @@ def _train_and_evaluate(
             # training metrics (the Trainer would report a loss of 0).
             console.info("the checkpoint was already at the last step; finishing the run")
         else:
-            result.train_metrics = dict(output.metrics)
+            result.train_metrics = whole_run(
+                dict(output.metrics), trainer.run_totals, trainer.state.global_step
+            )
             result.train_metrics["train_samples"] = _train_samples(prepared, args, trainer)
         _save_final_model(trainer, prepared.run_dir)
     if config.do_eval:

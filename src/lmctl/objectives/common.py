@@ -72,6 +72,24 @@ def split_source(config: TrainConfig, split: str) -> str:
     return f"--dataset-name {config.dataset_name} [{split}]"
 
 
+def announce_text_column(config: TrainConfig, raw: DatasetDict, console: Console) -> None:
+    """Say which column holds the text, and which are ignored, when --text-column did not
+    choose and the data has several."""
+    if config.text_column is not None:
+        return
+    for split, dataset in raw.items():
+        columns = list(dataset.column_names)
+        if len(columns) < 2:
+            continue
+        where = split_source(config, split)
+        column = text_column(dataset, None, where)
+        ignored = ", ".join(name for name in columns if name != column)
+        console.info(
+            f"{split}: reading the text from column '{column}' of {where}; ignoring {ignored} "
+            "(choose another with --text-column)"
+        )
+
+
 def resolve_sequence_length(
     requested: int | None,
     flag: str,
@@ -169,6 +187,8 @@ def tokenize_and_group(
     come from the prepared-data cache (:mod:`lmctl.data.prepared`), built on a miss by the fast
     tokenizer (:mod:`lmctl.data.tokens`) with ``--preprocessing-num-workers`` processes.
     """
+    if not config.streaming:
+        announce_text_column(config, raw, console)
     if offsets:
         return _group_with_offsets(
             config, raw, tokenizer, block_size, console, special_tokens_mask=special_tokens_mask
@@ -310,9 +330,10 @@ def tokenize_lines(
 ) -> DatasetDict:
     """One sample per non-empty line (or record): blank ones skipped, long ones truncated.
 
-    With ``--streaming`` the lines are read and tokenized on the fly, by the same function.
+    The samples come from the prepared-data cache (:mod:`lmctl.data.prepared`), like blocks;
+    with ``--streaming`` the lines are read and tokenized on the fly, by the same function.
     """
-    import datasets
+    from lmctl.data.prepared import prepared_splits
 
     options: dict[str, Any] = {
         "special_tokens_mask": special_tokens_mask,
@@ -329,18 +350,23 @@ def tokenize_lines(
             config, sources, dict.fromkeys(sources, encode), console, unit="line"
         )
         return cast("DatasetDict", streams)
-    tokenizer_key = tokenizer_fingerprint(tokenizer)
-    processed = {}
-    for split, dataset in raw.items():
-        where, samples = _tokenized_split(
-            config,
-            split,
-            dataset,
-            tokenizer,
-            tokenizer_key,
-            description="tokenizing line by line:",
-            **options,
+    announce_text_column(config, raw, console)
+
+    def build(split: str, dataset: Dataset, path: Path) -> dict[str, Any]:
+        where = split_source(config, split)
+        column = text_column(dataset, config.text_column, where)
+        workers = config.preprocessing_num_workers
+        samples = dataset.map(
+            partial(_tokenize, tokenizer=tokenizer, column=column, **options),
+            batched=True,
+            num_proc=workers,
+            remove_columns=list(dataset.column_names),
+            load_from_cache_file=False,
+            cache_file_name=None if workers and workers > 1 else str(path),
+            desc=f"tokenizing line by line: {split}",
         )
+        if workers and workers > 1:
+            samples = samples.flatten_indices(cache_file_name=str(path))
         if len(samples) == 0:
             raise DataError(
                 f"{where}: no non-empty lines ({len(dataset)} blank)",
@@ -351,8 +377,17 @@ def tokenize_lines(
             f"{split}: {len(dataset)} lines -> {len(samples)} samples of at most {max_length} "
             f"tokens ({skipped} blank skipped)"
         )
-        processed[split] = samples
-    return datasets.DatasetDict(processed)
+        return {"texts": len(dataset), "samples": len(samples), "blank": skipped}
+
+    return prepared_splits(
+        config,
+        raw,
+        tokenizer,
+        console,
+        params={"kind": "lines", **options},
+        text_options=text_options_of(config),
+        build=build,
+    )
 
 
 def tokenize_texts(
