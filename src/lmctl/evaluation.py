@@ -302,14 +302,18 @@ def _device() -> Any:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _model_inputs(model: Any, dataset: Any) -> Any:
-    """Keep the columns the model's forward accepts, plus labels, as the Trainer does."""
+def _model_inputs(model: Any) -> Any:
+    """A filter for collated batches: the arguments the model's forward accepts, plus labels,
+    as the Trainer keeps them. It runs after the collator, which may read columns that are
+    not model arguments (special-tokens masks, word offsets)."""
     import inspect
 
     accepted = set(inspect.signature(model.forward).parameters) | {"label", "label_ids", "labels"}
-    columns = getattr(dataset, "column_names", None) or []
-    unused = [name for name in columns if name not in accepted]
-    return dataset.remove_columns(unused) if unused else dataset
+
+    def keep(batch: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in batch.items() if key in accepted}
+
+    return keep
 
 
 def evaluate_prepared(prepared: Prepared, console: Console) -> dict[str, Any]:
@@ -331,11 +335,12 @@ def evaluate_prepared(prepared: Prepared, console: Console) -> dict[str, Any]:
     model.to(device)
     model.eval()
     loader = DataLoader(
-        _model_inputs(model, dataset),
+        dataset,
         batch_size=config.per_device_eval_batch_size,
         shuffle=False,
         collate_fn=prepared.eval_collator,
     )
+    model_inputs = _model_inputs(model)
     metrics = prepared.objective.metrics()
     # Same random state for every evaluation, whatever loading consumed before.
     set_seed(config.seed)
@@ -347,7 +352,9 @@ def evaluate_prepared(prepared: Prepared, console: Console) -> dict[str, Any]:
     console.start_progress(steps, "evaluating")
     with torch.inference_mode():
         for step, batch in enumerate(loader, 1):
-            inputs = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
+            inputs = {
+                k: v.to(device) if hasattr(v, "to") else v for k, v in model_inputs(batch).items()
+            }
             outputs = model(**inputs)
             size = int(inputs["labels"].shape[0])
             total += float(outputs.loss) * size

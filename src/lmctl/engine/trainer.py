@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl.engine.common import EngineResult, NonFiniteLoss, StepReporter, resolve_resume
 from lmctl.errors import ConfigError
+from lmctl.objectives.common import SeededCollator
 from lmctl.run.signals import StopRequest
 
 if TYPE_CHECKING:
@@ -175,6 +176,13 @@ def _make_trainer_class() -> type:
                 raise NonFiniteLoss(self.state.global_step + 1, float(loss.detach().float().mean()))
             return loss
 
+        def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
+            """One pass over the training data; the seeded collator learns which pass it is
+            (the resumed one too) before the dataloader starts collating."""
+            if isinstance(self.data_collator, SeededCollator):
+                self.data_collator.epoch = int(kwargs["epoch"])
+            return super()._run_epoch(*args, **kwargs)
+
         def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
             train_collator = self.data_collator
             if self.eval_collator is not None:
@@ -309,7 +317,10 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
     trainer = _make_trainer_class()(
         model=prepared.model,
         args=args,
-        data_collator=prepared.collator,
+        # Random masks and permutations come from the batch, the seed and the epoch, not from
+        # the global RNG: the dataloader collates ahead of the step, so a draw from the global
+        # RNG would depend on how far it had prefetched when a checkpoint was taken.
+        data_collator=SeededCollator(prepared.collator, config.seed),
         train_dataset=prepared.train_dataset,
         eval_dataset=prepared.eval_dataset,
         processing_class=prepared.tokenizer,
