@@ -320,3 +320,31 @@ def assert_clean_failure(proc: subprocess.CompletedProcess[str], code: int, *nee
     for needle in needles:
         assert needle in errors[0], errors[0]
     assert "hint:" in errors[0]
+
+
+@pytest.fixture(scope="session")
+def tiny_clm_run(
+    tmp_path_factory: pytest.TempPathFactory, bpe_tokenizer: Path, text_files: tuple[Path, Path]
+) -> Path:
+    """A finished run of a tiny GPT-2 (a few steps, no checkpoint kept), trained once."""
+    train, valid = text_files
+    out = tmp_path_factory.mktemp("tiny-clm") / "run"
+    proc = lmctl(
+        "train",
+        "clm",
+        *TINY_GPT2,
+        "--tokenizer-name",
+        bpe_tokenizer,
+        "--train-file",
+        train,
+        "--validation-file",
+        valid,
+        "--block-size",
+        "64",
+        "--max-steps",
+        "4",
+        "--output-dir",
+        out,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return out

@@ -32,6 +32,7 @@ from lmctl.models.build import looks_like_path
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import rundir
 from lmctl.run.resume import resume_command
+from lmctl.storage.locations import localize
 from lmctl.storage.paths import is_remote, local_path
 
 if TYPE_CHECKING:
@@ -112,9 +113,11 @@ def resolve_target(path: str, task: str | None) -> Target:
         raise ConfigError(
             f"--task {task}: unknown objective", "choose one of " + ", ".join(OBJECTIVES)
         )
-    local = local_path(path)
-    if is_remote(path) or not local.exists():
-        if is_remote(path) or looks_like_path(path):
+    remote = is_remote(path)
+    # A storage URL is fetched into the same local cache that training reads models from.
+    local = localize(path) if remote else local_path(path)
+    if not local.exists():
+        if looks_like_path(path):
             raise ConfigError(
                 f"{path}: no such directory",
                 "give a run directory, a checkpoint directory or a model directory",
@@ -130,8 +133,8 @@ def resolve_target(path: str, task: str | None) -> Target:
         objective = _saved_objective(saved, local / rundir.CONFIG_FILE, task)
         weights = _run_weights(local)
         # Results describe the weights evaluated: a run without a final model yet keeps
-        # them in the checkpoint that was used.
-        return Target("run", path, str(weights), objective, saved, weights)
+        # them in the checkpoint that was used. A fetched copy is not the run: no results.
+        return Target("run", path, str(weights), objective, saved, None if remote else weights)
     parent = local.resolve().parent
     if rundir.CHECKPOINT_PATTERN.match(local.name) and (parent / rundir.CONFIG_FILE).is_file():
         problem = rundir.checkpoint_problem(local)
@@ -392,7 +395,8 @@ def results_destination(
             )
         return file
     if target.results_dir is None:
-        console.info("a bare model directory: results are not saved (give --output FILE)")
+        what = "a remote model" if is_remote(target.path) else "a bare model directory"
+        console.info(f"{what}: results are not saved (give --output FILE)")
         return None
     existing = target.results_dir / RESULTS_FILE
     if existing.exists() and not overwrite:

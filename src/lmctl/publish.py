@@ -386,7 +386,7 @@ class StoreTarget:
                 in_place.add(item.rel)
                 continue
             self._make_parent(fs, staged)
-            fs.put_file(str(item.path), staged)
+            locations.upload(fs, item.path, staged, item.size)
             if not locations.object_matches(fs, staged, item.size, digests[item.rel]):
                 raise RemoteUnreachable(
                     f"{self.url}: {item.rel} does not match its size or checksum after upload",
@@ -409,7 +409,10 @@ class StoreTarget:
             final = f"{root}/{item.rel}"
             self._make_parent(fs, final)
             fs.mv(f"{staging}/{item.rel}", final)
-            if not locations.object_matches(fs, final, item.size, digests[item.rel]):
+            # Verified in staging already: a move inside the store is not downloaded again.
+            if not locations.object_matches(
+                fs, final, item.size, digests[item.rel], read_back=False
+            ):
                 raise RemoteUnreachable(
                     f"{self.url}: {item.rel} does not match its checksum after moving it "
                     "into place",

@@ -47,7 +47,8 @@ A model directory:
 PathArg = Annotated[
     str,
     typer.Argument(
-        help="A run directory, a checkpoint directory or a model directory.",
+        help="A run directory, a checkpoint directory or a model directory: a local path "
+        "or a storage URL (s3://bucket/model, file:///abs/path, ...).",
         metavar="PATH",
         show_default=False,
     ),

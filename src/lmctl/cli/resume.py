@@ -21,7 +21,7 @@ from lmctl.cli.runner import run_command
 from lmctl.config.base import TrainConfig
 from lmctl.console import Console, OutputOptions
 from lmctl.objectives import OBJECTIVES, get_objective
-from lmctl.run.resume import RESUME_OVERRIDES
+from lmctl.run.resume import RESUME_OVERRIDES, local_run_dir
 
 HELP = """Continue an interrupted or finished run from its newest complete checkpoint.
 
@@ -95,7 +95,7 @@ def _command(run_dir: str, **values: Any) -> None:
         if name in RESUME_OVERRIDES
     }
     run_command(
-        lambda console: run_resume(Path(run_dir), overrides, forbidden, dry_run, console),
+        lambda console: run_resume(local_run_dir(run_dir), overrides, forbidden, dry_run, console),
         output,
         "resume",
     )

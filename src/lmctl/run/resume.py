@@ -18,6 +18,7 @@ from lmctl.errors import ConfigError
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import rundir
 from lmctl.storage import atomic
+from lmctl.storage.paths import is_remote, local_path
 
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
@@ -136,6 +137,17 @@ def find_checkpoint(run_dir: Path, console: Console) -> Path:
             "--overwrite-output-dir",
         )
     return checkpoint
+
+
+def local_run_dir(path: str) -> Path:
+    """The run directory to resume: a local path or ``file://`` URL, never a remote store."""
+    if is_remote(path):
+        raise ConfigError(
+            f"{path}: a run is resumed in a local directory (it writes new checkpoints and the "
+            "final model there)",
+            "copy the run with its checkpoint-* folders to local disk and resume that copy",
+        )
+    return local_path(path)
 
 
 def plan_resume(run_dir: Path, overrides: dict[str, Any], console: Console) -> ResumePlan:

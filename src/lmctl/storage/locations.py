@@ -254,13 +254,52 @@ def file_digests(path: Path) -> Digests:
     return Digests(sha.hexdigest(), md5.hexdigest())
 
 
-def remote_md5(info: dict[str, Any]) -> str | None:
-    """The object's MD5 when the store reports one reliably (S3/OSS single-part ETag, GCS)."""
-    etag = info.get("ETag") or info.get("etag")
-    if isinstance(etag, str):
-        value = etag.strip('"').lower()
-        if re.fullmatch(r"[0-9a-f]{32}", value):
-            return value
+#: Part size of S3 uploads: a file under twice this goes up in one request, with its SHA-256.
+UPLOAD_CHUNK = 50 * 2**20
+
+
+def _is_s3(fs: AbstractFileSystem) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return any(name in ("s3", "s3a") for name in protocols)
+
+
+def upload(fs: AbstractFileSystem, local: Path, remote: str, size: int) -> None:
+    """Upload one file. On S3 a file sent in one request carries its SHA-256: the store checks
+    it on receipt and reports it back (``ChecksumSHA256``), so verifying needs no read-back."""
+    if _is_s3(fs) and size < 2 * UPLOAD_CHUNK:
+        fs.put_file(str(local), remote, chunksize=UPLOAD_CHUNK, ChecksumAlgorithm="SHA256")
+    else:
+        fs.put_file(str(local), remote)
+
+
+def stored_sha256(fs: AbstractFileSystem, path: str) -> str | None:
+    """The object's SHA-256 as the store guarantees it: S3's full-object ``ChecksumSHA256``.
+
+    None where the store keeps none (other stores, multipart uploads, whose checksum is one
+    of the parts' checksums). ETags are never taken for checksums: with SSE-KMS or SSE-C
+    encryption, and for multipart uploads, an S3 ETag is not the content's MD5.
+    """
+    if not _is_s3(fs):
+        return None
+    bucket, key, version = fs.split_path(path)
+    head = fs.call_s3(
+        "head_object",
+        Bucket=bucket,
+        Key=key,
+        ChecksumMode="ENABLED",
+        **({"VersionId": version} if version else {}),
+    )
+    value = head.get("ChecksumSHA256")
+    if not isinstance(value, str) or "-" in value or head.get("ChecksumType") == "COMPOSITE":
+        return None
+    import base64
+
+    return base64.b64decode(value).hex()
+
+
+def stored_md5(info: dict[str, Any]) -> str | None:
+    """The object's MD5 where the store guarantees one (GCS ``md5Hash``; composite GCS objects
+    have none)."""
     md5_b64 = info.get("md5Hash")
     if isinstance(md5_b64, str):
         import base64
@@ -273,6 +312,7 @@ def remote_md5(info: dict[str, Any]) -> str | None:
 
 
 def remote_sha256(fs: AbstractFileSystem, path: str) -> str:
+    """Read the object back and hash it."""
     sha = hashlib.sha256()
     with fs.open(path, "rb") as handle:
         while chunk := handle.read(1 << 20):
@@ -280,8 +320,15 @@ def remote_sha256(fs: AbstractFileSystem, path: str) -> str:
     return sha.hexdigest()
 
 
-def object_matches(fs: AbstractFileSystem, path: str, size: int, digests: Digests) -> bool:
-    """Whether ``path`` holds exactly this content: size, then MD5 or a read-back SHA-256."""
+def object_matches(
+    fs: AbstractFileSystem, path: str, size: int, digests: Digests, *, read_back: bool = True
+) -> bool:
+    """Whether ``path`` holds exactly this content: its size, then the checksum the store
+    guarantees (S3 SHA-256, GCS MD5) or, where it keeps none, one read-back SHA-256.
+
+    ``read_back=False`` (an object moved inside the store after it was verified) checks the
+    size and any stored checksum, but does not download the object again.
+    """
     fs.invalidate_cache(path)
     try:
         info = fs.info(path)
@@ -289,9 +336,14 @@ def object_matches(fs: AbstractFileSystem, path: str, size: int, digests: Digest
         return False
     if info.get("type") != "file" or info.get("size") != size:
         return False
-    md5 = remote_md5(info)
+    sha256 = stored_sha256(fs, path)
+    if sha256 is not None:
+        return sha256 == digests.sha256
+    md5 = stored_md5(info)
     if md5 is not None:
         return md5 == digests.md5
+    if not read_back:
+        return True
     return remote_sha256(fs, path) == digests.sha256
 
 
