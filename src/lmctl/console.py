@@ -4,15 +4,22 @@ Two faces: on a terminal a rich live progress display; otherwise (stdout or stde
 terminal, ``CI`` set, or ``--no-progress``) plain timestamped lines with no ANSI escapes and
 no carriage returns. Logs and progress go to stderr; stdout carries only the final result
 (a summary table, or exactly one JSON object with ``--json``).
+
+lmctl owns stdout: while a command runs, :func:`own_stdout` points file descriptor 1 at
+stderr, so whatever a library prints (from Python, from C code, or from a logger bound to
+stdout) lands in the log, and lmctl writes its result to the original stdout.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
@@ -32,10 +39,39 @@ def _is_terminal(stream: TextIO) -> bool:
         return False
 
 
-def plain_output(no_progress: bool = False) -> bool:
+def plain_output(no_progress: bool = False, out: TextIO | None = None) -> bool:
     if no_progress or os.environ.get("CI") or os.environ.get("NO_COLOR"):
         return True
-    return not (_is_terminal(sys.stdout) and _is_terminal(sys.stderr))
+    return not (_is_terminal(out or sys.stdout) and _is_terminal(sys.stderr))
+
+
+@contextlib.contextmanager
+def own_stdout() -> Iterator[TextIO]:
+    """Send everything written to stdout to stderr, at the file-descriptor level, and yield
+    a stream on the original stdout for lmctl's own result.
+
+    When ``sys.stdout`` is not file descriptor 1 (a test runner captures it), the stream is
+    ``sys.stdout`` itself and nothing is redirected.
+    """
+    try:
+        is_fd1 = sys.stdout.fileno() == 1
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        is_fd1 = False
+    if not is_fd1:
+        yield sys.stdout
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    out = open(saved, "w", encoding="utf-8", closefd=True)  # noqa: SIM115
+    os.dup2(2, 1)
+    try:
+        yield out
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        out.flush()
+        os.dup2(saved, 1)
+        out.close()
 
 
 def format_number(value: Any) -> str:
@@ -56,9 +92,11 @@ def format_duration(seconds: float) -> str:
 
 
 class Console:
-    def __init__(self, options: OutputOptions | None = None) -> None:
+    def __init__(self, options: OutputOptions | None = None, out: TextIO | None = None) -> None:
         self.options = options or OutputOptions()
-        self.plain = plain_output(self.options.no_progress)
+        #: Where lmctl's own result goes (stdout, or the original stdout under own_stdout()).
+        self.out = out
+        self.plain = plain_output(self.options.no_progress, out)
         self._rich: Any = None
         self._progress: Any = None
         self._task: Any = None
@@ -158,8 +196,7 @@ class Console:
             lines = [title] + [
                 f"  {key:<{width}}  {format_number(v)}" for key, v in metrics.items()
             ]
-            sys.stdout.write("\n".join(lines) + "\n")
-            sys.stdout.flush()
+            self.write("\n".join(lines) + "\n")
             return
         from rich.console import Console as RichConsole
         from rich.table import Table
@@ -169,13 +206,18 @@ class Console:
         table.add_column("value", justify="right")
         for key, value in metrics.items():
             table.add_row(key, format_number(value))
-        RichConsole(highlight=False).print(table)
+        RichConsole(file=self.out or sys.stdout, highlight=False).print(table)
 
     def result(self, payload: dict[str, Any]) -> None:
         """With --json, the single JSON object on stdout."""
         if self.options.json:
-            sys.stdout.write(json.dumps(payload, default=str) + "\n")
-            sys.stdout.flush()
+            self.write(json.dumps(payload, default=str) + "\n")
+
+    def write(self, text: str) -> None:
+        """Text that is the command's result (a table, a listing, YAML), on stdout."""
+        stream = self.out or sys.stdout
+        stream.write(text)
+        stream.flush()
 
 
 def _escape(text: str) -> str:

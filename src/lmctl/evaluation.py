@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from lmctl.config.base import TrainConfig
 from lmctl.config.fields import flag_name
 from lmctl.errors import ConfigError, Interrupted
-from lmctl.metrics import perplexity
+from lmctl.metrics import loss_metrics
 from lmctl.models.build import looks_like_path
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import rundir
@@ -367,9 +367,9 @@ def evaluate_prepared(prepared: Prepared, console: Console) -> dict[str, Any]:
             console.update_progress(step, {}, log_line=False)
     console.stop_progress()
     runtime = time.perf_counter() - start
-    results: dict[str, Any] = {"eval_loss": total / max(samples, 1)}
-    if prepared.objective.reports_perplexity:
-        results["perplexity"] = perplexity(results["eval_loss"])
+    results: dict[str, Any] = loss_metrics(
+        total / max(samples, 1), with_perplexity=prepared.objective.reports_perplexity
+    )
     results.update({f"eval_{key}": value for key, value in metrics.compute().items()})
     results["eval_samples"] = samples
     results["eval_runtime"] = round(runtime, 4)
@@ -393,6 +393,8 @@ def results_destination(
             raise ConfigError(
                 f"--output {output}: no such directory {file.parent}", "create it first"
             )
+        if file.exists():
+            console.warn(f"--output {output}: replacing the existing file")
         return file
     if target.results_dir is None:
         what = "a remote model" if is_remote(target.path) else "a bare model directory"
@@ -400,11 +402,14 @@ def results_destination(
         return None
     existing = target.results_dir / RESULTS_FILE
     if existing.exists() and not overwrite:
-        console.warn(
-            f"{existing} exists (written by training or an earlier 'lmctl eval'): keeping it; "
-            "give --overwrite-results to replace it, or --output FILE"
+        # Re-evaluating a finished run is the common case: its results go to stdout only.
+        console.info(
+            f"keeping {existing}; results are not saved (give --overwrite-results to replace "
+            "it, or --output FILE)"
         )
         return None
+    if existing.exists():
+        console.warn(f"replacing {existing} (--overwrite-results)")
     return existing
 
 
@@ -428,6 +433,7 @@ def run_evaluation(
     output: str | None,
     overwrite_results: bool,
     console: Console,
+    allow_random_head: bool = False,
 ) -> dict[str, Any]:
     target = resolve_target(path, task)
     config = eval_config(target, options)
@@ -449,7 +455,13 @@ def run_evaluation(
     from lmctl.pipeline import prepare
 
     try:
-        prepared = prepare(config, target.objective, Path(target.weights), console)
+        prepared = prepare(
+            config,
+            target.objective,
+            Path(target.weights),
+            console,
+            random_head_ok=allow_random_head,
+        )
         metrics = evaluate_prepared(prepared, console)
     except KeyboardInterrupt:
         console.stop_progress()

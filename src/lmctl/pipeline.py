@@ -69,6 +69,7 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
     model_config = build_model_config(config, console) if has_model else PretrainedConfig()
     if has_model:
         objective.check_architecture(config, model_config)
+        objective.adapt_model_config(config, model_config, console)
     started = time.monotonic()
     raw: Any
     if config.streaming:
@@ -124,7 +125,16 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
     )
 
 
-def prepare(config: TrainConfig, objective: Objective, run_dir: Path, console: Console) -> Prepared:
+def prepare(
+    config: TrainConfig,
+    objective: Objective,
+    run_dir: Path,
+    console: Console,
+    *,
+    random_head_ok: bool = True,
+) -> Prepared:
+    """Everything a run needs; ``random_head_ok=False`` refuses to evaluate a model that lacks
+    the objective's head (see :func:`lmctl.models.build.build_model`)."""
     prepared = prepare_data(config, objective, console)
     model = build_model(
         config,
@@ -132,7 +142,8 @@ def prepare(config: TrainConfig, objective: Objective, run_dir: Path, console: C
         prepared.model_config,
         prepared.tokenizer,
         console,
-        resumed=resume_checkpoint(config) is not None,
+        resumed_from=resume_checkpoint(config),
+        random_head_ok=random_head_ok,
     )
     return Prepared(
         config=config,

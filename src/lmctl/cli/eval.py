@@ -27,9 +27,10 @@ flags below replace them. A bare model directory needs data, and the objective i
 from its architecture unless --task is given. Metrics: eval loss, perplexity and accuracy
 (next-token for clm/plm, masked tokens for mlm with a fixed masking seed, choices for swag).
 
-Results go to eval_results.json in the run or checkpoint directory when it has none yet
-(training's own evaluation is never replaced unless you pass --overwrite-results), or to
---output FILE.
+Results go to stdout, and to eval_results.json in the run or checkpoint directory when it
+has none yet (training's own evaluation is never replaced unless you pass
+--overwrite-results), or to --output FILE. A model without the objective's head (a bare
+encoder evaluated with --task mlm) is refused unless --allow-random-head.
 
 Evaluate the final model of a run, on its validation data:
 
@@ -73,6 +74,14 @@ OutputFileOpt = Annotated[
         show_default=False,
     ),
 ]
+AllowRandomHeadOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-random-head",
+        help="Evaluate a model that lacks the objective's head (its weights are then random, "
+        "and so are the metrics); refused otherwise, with exit code 5.",
+    ),
+]
 OverwriteResultsOpt = Annotated[
     bool,
     typer.Option(
@@ -93,6 +102,7 @@ def _parameters() -> list[inspect.Parameter]:
     for name, model in objective_fields().items():
         params += config_parameters(model, only=(name,), show_defaults=False)
     params += [
+        inspect.Parameter("allow_random_head", kw, default=False, annotation=AllowRandomHeadOpt),
         inspect.Parameter("output", kw, default=None, annotation=OutputFileOpt),
         inspect.Parameter("overwrite_results", kw, default=False, annotation=OverwriteResultsOpt),
         inspect.Parameter("json_output", kw, default=False, annotation=JsonOpt),
@@ -111,6 +121,7 @@ def _command(path: str, **values: Any) -> None:
     task = values.pop("task")
     output_file = values.pop("output")
     overwrite_results = values.pop("overwrite_results")
+    allow_random_head = values.pop("allow_random_head")
     options = {name: value for name, value in values.items() if value is not None and value != []}
     run_command(
         lambda console: run_eval(
@@ -120,6 +131,7 @@ def _command(path: str, **values: Any) -> None:
             options=options,
             output_file=output_file,
             overwrite_results=overwrite_results,
+            allow_random_head=allow_random_head,
         ),
         output,
         "eval",
@@ -134,6 +146,7 @@ def run_eval(
     options: dict[str, Any],
     output_file: str | None,
     overwrite_results: bool,
+    allow_random_head: bool = False,
 ) -> dict[str, Any]:
     from lmctl.evaluation import run_evaluation
 
@@ -144,6 +157,7 @@ def run_eval(
         output=output_file,
         overwrite_results=overwrite_results,
         console=console,
+        allow_random_head=allow_random_head,
     )
     console.summary(f"lmctl eval: {result['model']} ({result['objective']})", result["metrics"])
     return result

@@ -4,7 +4,6 @@ works as is (its training options are ignored)."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import typer
@@ -76,7 +75,7 @@ def run_prepare(
         if not console.options.json:
             import yaml
 
-            sys.stdout.write(yaml.safe_dump(resolved, sort_keys=False))
+            console.write(yaml.safe_dump(resolved, sort_keys=False))
         return {"dry_run": True, "config": resolved}
     from lmctl.data.prepared import cache_root, describe
     from lmctl.pipeline import prepare_data

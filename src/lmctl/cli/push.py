@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -116,7 +115,7 @@ def _print_listing(result: dict[str, Any], console: Console) -> None:
     lines = [f"would upload {len(files)} files to {result['destination']}:"]
     lines += [f"  {item['path']:<{width}}  {human_size(item['size']):>9}" for item in files]
     lines.append(f"  {'total':<{width}}  {human_size(result['bytes']):>9}")
-    sys.stdout.write("\n".join(lines) + "\n")
+    console.write("\n".join(lines) + "\n")
 
 
 def _parameters() -> list[inspect.Parameter]:

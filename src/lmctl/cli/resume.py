@@ -8,7 +8,6 @@ a message that names it instead of a bare "no such option".
 from __future__ import annotations
 
 import inspect
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -118,7 +117,7 @@ def run_resume(
         if not console.options.json:
             import yaml
 
-            sys.stdout.write(yaml.safe_dump(described, sort_keys=False))
+            console.write(yaml.safe_dump(described, sort_keys=False))
         return {"dry_run": True, **described}
     console.info(f"resuming {run_dir} from {plan.checkpoint.name} (step {plan.step})")
     rundir.append_metrics(

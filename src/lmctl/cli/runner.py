@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from lmctl.console import Console, OutputOptions
+from lmctl.console import Console, OutputOptions, own_stdout
 from lmctl.distributed import is_main_process
 from lmctl.errors import ExitCode, LmctlError
 from lmctl.run.signals import sigterm_as_interrupt
@@ -24,10 +24,23 @@ def debug_enabled() -> bool:
 def run_command(
     body: Callable[[Console], dict[str, Any] | None], output: OutputOptions, command: str
 ) -> None:
-    """Run ``body``; print its result; map every failure to its exit code without a traceback."""
+    """Run ``body``; print its result; map every failure to its exit code without a traceback.
+
+    Libraries never write to stdout meanwhile (see :func:`lmctl.console.own_stdout`): it
+    carries the result only, so that ``--json`` output always parses.
+    """
     if not is_main_process():
         output = replace(output, quiet=True, json=False)
-    console = Console(output)
+    with own_stdout() as out:
+        code = _run(body, Console(output, out), command)
+    if code != ExitCode.OK:
+        raise typer.Exit(int(code))
+
+
+def _run(
+    body: Callable[[Console], dict[str, Any] | None], console: Console, command: str
+) -> ExitCode:
+    output = console.options
     console.capture_warnings()
     sigterm_as_interrupt()
     code = ExitCode.OK
@@ -59,8 +72,7 @@ def run_command(
         console.result(
             {"status": status, "exit_code": int(code), "command": command, **(payload or {})}
         )
-    if code != ExitCode.OK:
-        raise typer.Exit(int(code))
+    return code
 
 
 def _maybe_traceback() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -166,7 +165,7 @@ def run_train(
         if not console.options.json:
             import yaml
 
-            sys.stdout.write(yaml.safe_dump(resolved, sort_keys=False))
+            console.write(yaml.safe_dump(resolved, sort_keys=False))
         return {"dry_run": True, "config": resolved}
     if is_main_process():
         check_output_dir(config)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from lmctl.distributed import is_main_process
 from lmctl.engine.common import NonFiniteLoss
 from lmctl.errors import Interrupted, LmctlError, TrainingFailed
-from lmctl.metrics import perplexity
+from lmctl.metrics import loss_metrics
 from lmctl.run import rundir
 from lmctl.run.resume import resume_command
 from lmctl.run.signals import graceful_stop
@@ -87,8 +87,12 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         rundir.save_results(run_dir, "train", result.train_metrics)
     if result.eval_metrics:
         eval_metrics = dict(result.eval_metrics)
-        if objective.reports_perplexity and "eval_loss" in eval_metrics:
-            eval_metrics["perplexity"] = perplexity(eval_metrics["eval_loss"])
+        if "eval_loss" in eval_metrics:
+            eval_metrics.update(
+                loss_metrics(
+                    eval_metrics["eval_loss"], with_perplexity=objective.reports_perplexity
+                )
+            )
         rundir.save_results(run_dir, "eval", eval_metrics)
     results = rundir.load_results(run_dir)
     rundir.write_model_card(

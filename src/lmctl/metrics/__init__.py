@@ -68,3 +68,21 @@ def perplexity(loss: float) -> float:
         return math.exp(loss)
     except OverflowError:
         return float("inf")
+
+
+#: Decimals that reported losses are rounded to.
+LOSS_DECIMALS = 4
+
+
+def loss_metrics(loss: float, *, with_perplexity: bool) -> dict[str, float]:
+    """``eval_loss``, rounded once, and the perplexity of that rounded loss.
+
+    Training's final evaluation and ``lmctl eval`` both report through here, so the same
+    weights on the same data show the same numbers (their loss sums differ in the last bits
+    of float precision).
+    """
+    rounded = round(loss, LOSS_DECIMALS)
+    out = {"eval_loss": rounded}
+    if with_perplexity:
+        out["perplexity"] = perplexity(rounded)
+    return out

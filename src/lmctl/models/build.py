@@ -8,7 +8,9 @@ the training data (``--train-tokenizer VOCAB_SIZE``).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -324,26 +326,44 @@ def build_model(
     tokenizer: PreTrainedTokenizerBase,
     console: Console,
     *,
-    resumed: bool = False,
+    resumed_from: Path | None = None,
+    random_head_ok: bool = True,
 ) -> PreTrainedModel:
+    """The model to train or evaluate.
+
+    Weights that ``--model-name-or-path`` lacks (typically the objective's head) are learnt by
+    a training run and restored from the checkpoint by a resumed one; an evaluation refuses
+    them (its metrics would describe random weights) unless ``random_head_ok``.
+    """
     auto_class = objective.auto_model_class()
     if config.model_name_or_path is not None:
         kwargs = _hub_kwargs(config)
         if config.dtype is not None:
             kwargs["dtype"] = _torch_dtype(config.dtype)
-        model, loading_info = load_pretrained(
-            auto_class.from_pretrained,
-            config.model_name_or_path,
-            "--model-name-or-path",
-            config=model_config,
-            output_loading_info=True,
-            **kwargs,
+        with library_warnings(console):
+            model, loading_info = load_pretrained(
+                auto_class.from_pretrained,
+                config.model_name_or_path,
+                "--model-name-or-path",
+                config=model_config,
+                output_loading_info=True,
+                **kwargs,
+            )
+        _note_new_weights(
+            config,
+            objective,
+            loading_info.get("missing_keys") or [],
+            console,
+            resumed_from=resumed_from,
+            random_head_ok=random_head_ok,
         )
-        _note_new_weights(loading_info.get("missing_keys") or [], console)
     else:
         _fit_vocabulary(config, model_config, tokenizer)
         try:
-            model = auto_class.from_config(model_config, trust_remote_code=config.trust_remote_code)
+            with library_warnings(console):
+                model = auto_class.from_config(
+                    model_config, trust_remote_code=config.trust_remote_code
+                )
         except ValueError as exc:
             raise ConfigError(
                 f"--model-type {model_config.model_type}: cannot build a {objective.name} model "
@@ -352,8 +372,11 @@ def build_model(
             ) from exc
         params = sum(p.numel() for p in model.parameters())
         kind = model_config.model_type
-        if resumed:
-            console.info(f"{kind} model, {_count(params)} parameters, restored from the checkpoint")
+        if resumed_from is not None:
+            console.info(
+                f"{kind} model, {_count(params)} parameters, weights restored from "
+                f"{resumed_from.name}"
+            )
         else:
             console.info(f"training a new {kind} model from scratch: {_count(params)} parameters")
     embeddings = model.get_input_embeddings()
@@ -366,13 +389,81 @@ def build_model(
     return model
 
 
-def _note_new_weights(missing: Any, console: Console) -> None:
-    """One line naming the weights that the checkpoint lacks (typically a new task head)."""
+def _note_new_weights(
+    config: TrainConfig,
+    objective: ModelObjective,
+    missing: Any,
+    console: Console,
+    *,
+    resumed_from: Path | None,
+    random_head_ok: bool,
+) -> None:
+    """One line on the weights that the model lacks (typically the objective's head): what
+    fills them in, or why an evaluation refuses to run without them."""
     names = sorted(missing)
     if not names:
         return
+    source = config.model_name_or_path
     shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
-    console.info(f"newly initialised (not in the checkpoint, learnt by this run): {shown}")
+    if resumed_from is not None:
+        console.info(
+            f"weights not in {source} ({shown}) are restored from {resumed_from.name}, "
+            "with the rest of the model"
+        )
+    elif config.do_train:
+        console.info(f"newly initialised (not in the checkpoint, learnt by this run): {shown}")
+    elif not random_head_ok:
+        raise ModelError(
+            f"{source} has no {objective.name} head: {shown} missing from its weights, so "
+            "the metrics would describe randomly initialised weights",
+            f"evaluate a model trained for {objective.name} (e.g. an 'lmctl train "
+            f"{objective.name}' run), or give --allow-random-head to evaluate it anyway",
+        )
+    else:
+        console.warn(f"evaluating with randomly initialised weights (not in {source}): {shown}")
+
+
+#: Library messages about loading weights that lmctl reports in its own words.
+_REPORTED_BY_LMCTL = ("LOAD REPORT", "tied weights", "newly initialized", "not initialized")
+
+
+@contextlib.contextmanager
+def library_warnings(console: Console) -> Iterator[None]:
+    """Show the warnings transformers logs while a model is built (e.g. that a class needs
+    ``is_decoder=True``) as lmctl warnings, instead of the silence set for the rest."""
+    from transformers.utils import logging as hf_logging
+
+    class Forward(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage().strip()
+            if text and not any(marker in text for marker in _REPORTED_BY_LMCTL):
+                console.warn(f"transformers: {text}")
+
+    logger = hf_logging.get_logger()
+    handler = Forward(logging.WARNING)
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()
+    hf_logging.disable_default_handler()
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        hf_logging.enable_default_handler()
+        hf_logging.set_verbosity(previous)
+
+
+def is_bidirectional_encoder(model_config: PretrainedConfig) -> bool:
+    """Whether the architecture is an encoder (it has a masked-LM model) whose causal-LM class
+    attends both ways unless the config sets ``is_decoder`` (BERT, RoBERTa, ELECTRA, ...)."""
+    from transformers import AutoModelForMaskedLM
+
+    mapping: Any = AutoModelForMaskedLM._model_mapping
+    return (
+        type(model_config) in mapping
+        and not getattr(model_config, "is_encoder_decoder", False)
+        and getattr(model_config, "is_decoder", None) is False
+    )
 
 
 def _fit_vocabulary(

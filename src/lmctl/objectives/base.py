@@ -69,6 +69,12 @@ class Objective(ABC):
 
         check_auto_class(config, self, model_config)
 
+    def adapt_model_config(
+        self, config: TrainConfig, model_config: PretrainedConfig, console: Console
+    ) -> None:
+        """Adjust the model config for this objective before the model is built (saying so)."""
+        return
+
     def model_classes(self) -> set[str]:
         """Names of the model classes this objective trains (used to infer a model's task)."""
         from lmctl.models.build import model_class_names

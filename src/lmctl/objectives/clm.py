@@ -2,6 +2,10 @@
 
 Texts are tokenized, concatenated and cut into ``block_size`` blocks (the remainder is
 dropped); labels are the inputs, shifted inside the model. Accuracy is next-token accuracy.
+
+An encoder (BERT, RoBERTa, ELECTRA, ...) has a causal-LM class that attends both ways unless
+its config sets ``is_decoder``: the model would see the tokens it predicts. lmctl sets
+``is_decoder=True`` for such models, as transformers advises, and says so.
 """
 
 from __future__ import annotations
@@ -74,6 +78,19 @@ class Clm(Objective):
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM
+
+    def adapt_model_config(
+        self, config: TrainConfig, model_config: PretrainedConfig, console: Console
+    ) -> None:
+        from lmctl.models.build import is_bidirectional_encoder
+
+        if is_bidirectional_encoder(model_config):
+            model_config.is_decoder = True
+            console.info(
+                f"{model_config.model_type} is an encoder: using it as a causal LM with "
+                "is_decoder=True, so that each token attends only to those before it (its "
+                "pretrained weights, if any, were learnt attending both ways)"
+            )
 
     def text_options(self, config: TrainConfig) -> dict[str, Any]:
         assert isinstance(config, ClmConfig)
