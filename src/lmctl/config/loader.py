@@ -146,13 +146,18 @@ def _config_error(exc: ValidationError, sources: dict[str, str]) -> ConfigError:
         field = str(error["loc"][0]) if error["loc"] else ""
         where = sources.get(field, flag_name(field) if field else "config")
         value = error.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        shown = "" if isinstance(value, dict) else f" (got {_shortened(repr(value))})"
         messages.append(f"{where}: {error['msg']}{shown}")
         hints.append(f"fix {where}; see --help for accepted values")
     if len(messages) == 1:
         return ConfigError(messages[0], hints[0])
     listing = "; ".join(f"({i}) {m}" for i, m in enumerate(messages, 1))
     return ConfigError(f"{len(messages)} problems: {listing}", "; ".join(dict.fromkeys(hints)))
+
+
+def _shortened(text: str, limit: int = 80) -> str:
+    """A value as shown in a message: long ones cut, so that the message stays one line."""
+    return text if len(text) <= limit else f"{text[: limit - 15]}... ({len(text)} characters)"
 
 
 def dump_config(config: StrictModel) -> dict[str, Any]:
