@@ -35,6 +35,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.section("reliability summary")
     for note in TALLY.notes:
         terminalreporter.write_line(note)
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    terminalreporter.write_line(
+        f"reliability: CPU seconds: pytest {own.ru_utime + own.ru_stime:.0f}, "
+        f"forked commands {TALLY.forked_cpu:.0f} (killed ones not counted)"
+    )
     terminalreporter.write_line(TALLY.line())
 
 

@@ -70,6 +70,8 @@ class Tally:
     exit_ones: int = 0
     files_changed: int = 0
     secrets: int = 0
+    #: CPU seconds of the forked commands that ran to their end (not of killed ones)
+    forked_cpu: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     def line(self) -> str:
@@ -215,6 +217,10 @@ def _child(argv: list[str], env: dict[str, str], cwd: str, log: str) -> None:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    Path(log + ".cpu").write_text(f"{usage.ru_utime + usage.ru_stime:.3f}\n")
     os._exit(code)
 
 
@@ -275,6 +281,9 @@ class Forked:
         if self.process.is_alive():
             self.kill()
             raise TimeoutError(f"lmctl {' '.join(self.argv)}: still running after {timeout}s")
+        cpu = self.log.with_name(self.log.name + ".cpu")
+        if cpu.is_file():
+            TALLY.forked_cpu += float(cpu.read_text())
         return Outcome(self.argv, self.process.exitcode, self.stdout, self.stderr)
 
 
