@@ -157,3 +157,16 @@ def test_kill_during_save_leaves_previous_checkpoint(tmp_path: Path) -> None:
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names[0].startswith(".tmp-checkpoint-10-") and names[1:] == ["checkpoint-5"]
     assert rundir.latest_checkpoint(tmp_path) == tmp_path / "checkpoint-5"
+
+
+def test_no_space_left_is_recognised_through_the_exception_chain(tmp_path: Path) -> None:
+    import errno
+
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as inner:
+            raise RuntimeError("file write failed") from inner
+    except RuntimeError as exc:
+        assert atomic.no_space_left(exc, tmp_path)
+    assert not atomic.no_space_left(RuntimeError("file write failed"), tmp_path)

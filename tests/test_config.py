@@ -175,3 +175,17 @@ def test_training_argument_fields_exist_in_transformers() -> None:
 
     installed = {field.name for field in dataclasses.fields(TrainingArguments)}
     assert installed >= TRAINING_ARGUMENT_FIELDS, TRAINING_ARGUMENT_FIELDS - installed
+
+
+def test_an_enormous_wrong_value_is_shown_shortened(tmp_path: Path) -> None:
+    from lmctl.config.loader import build_config
+    from lmctl.errors import ConfigError
+    from lmctl.objectives.clm import ClmConfig
+
+    config = tmp_path / "huge.yaml"
+    config.write_text("warmup_steps: " + "9x" * 100_000 + "\n")
+    with pytest.raises(ConfigError) as caught:
+        build_config(ClmConfig, cli_values={}, config_file=str(config))
+    assert "'warmup_steps' in" in caught.value.message
+    assert "(200002 characters)" in caught.value.message  # the repr, quotes included
+    assert len(caught.value.message) < 400

@@ -377,6 +377,20 @@ def test_not_a_model_directory_exits_2(tmp_path: Path, s3_store: S3Store) -> Non
     assert "not a run directory" in _error_lines(proc)[0]
 
 
+def test_local_destination_under_a_file_exits_2(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights")
+    blocker = tmp_path / "taken"
+    blocker.write_text("mine\n")
+    proc = lmctl("push", model, "--to", f"file://{blocker}/model")
+    assert proc.returncode == 2, proc.stderr
+    (line,) = _error_lines(proc)
+    assert f"file://{blocker}/model: a file is in the way" in line
+    assert blocker.read_text() == "mine\n"
+
+
 def test_hub_push_offline_fails_fast_with_exit_6(trained_run: Path) -> None:
     proc = lmctl("push", trained_run, "--to", "hf://user/repo", env=HUB_OFFLINE, timeout=60)
     assert proc.returncode == 6, proc.stderr

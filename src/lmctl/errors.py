@@ -28,7 +28,9 @@ EXIT_CODE_DOCS: dict[ExitCode, str] = {
     ExitCode.INTERNAL: "internal error (a bug: rerun with LMCTL_DEBUG=1 and report the traceback)",
     ExitCode.USAGE: "usage or configuration error (bad flag, config file, missing input file)",
     ExitCode.DATA: "data error (empty or malformed data, missing column)",
-    ExitCode.TRAINING_FAILED: "training failed (non-finite loss); the last good checkpoint is kept",
+    ExitCode.TRAINING_FAILED: (
+        "training failed (non-finite loss or a full disk); the last good checkpoint is kept"
+    ),
     ExitCode.MODEL: "model or tokenizer could not be loaded or built",
     ExitCode.REMOTE_UNREACHABLE: "the Hub or an object store could not be reached",
     ExitCode.PERMISSION: "permission denied or credentials rejected",

@@ -20,8 +20,8 @@ from lmctl.cli.help import OptionDoc, add_command, add_group, set_group_options
 ROOT_HELP = """Train, fine-tune, evaluate, resume and publish transformer language models.
 
 Exit codes: 0 success, 2 usage or config error, 3 data error, 4 training failed
-(non-finite loss), 5 model or tokenizer error, 6 Hub or object store unreachable,
-7 permission denied, 130 interrupted. Set LMCTL_DEBUG=1 to see tracebacks.
+(non-finite loss or a full disk), 5 model or tokenizer error, 6 Hub or object store
+unreachable, 7 permission denied, 130 interrupted. Set LMCTL_DEBUG=1 to see tracebacks.
 """
 
 app, ROOT = add_group(

@@ -160,7 +160,7 @@ def _error_items(exc: ValidationError, sources: dict[str, str]) -> list[tuple[st
         where = sources.get(field, flag_name(field) if field else "config")
         value = error.get("input")
         secret = any(secrets.is_secret_key(str(part)) for part in error["loc"])
-        shown = "" if isinstance(value, dict) or secret else f" (got {value!r})"
+        shown = "" if isinstance(value, dict) or secret else f" (got {_shortened(repr(value))})"
         hint = f"fix {where}; see --help for accepted values"
         if error["type"] == "literal_error" and isinstance(value, str):
             choices = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
@@ -230,6 +230,11 @@ def json_schema(model: type[StrictModel], objective: str) -> dict[str, Any]:
         **schema,
         "title": f"lmctl train {objective} config",
     }
+
+
+def _shortened(text: str, limit: int = 80) -> str:
+    """A value as shown in a message: long ones cut, so that the message stays one line."""
+    return text if len(text) <= limit else f"{text[: limit - 15]}... ({len(text)} characters)"
 
 
 def dump_config(config: StrictModel, *, masked: bool = False) -> dict[str, Any]:

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl.distributed import is_main_process, world_size
 from lmctl.engine.common import NonFiniteLoss, check_world_size
-from lmctl.errors import ConfigError, Interrupted, TrainingFailed
+from lmctl.errors import ConfigError, Interrupted, LmctlError, TrainingFailed
 from lmctl.metrics import loss_metrics
 from lmctl.run import rundir
 from lmctl.run.plots import write_loss_plot
 from lmctl.run.resume import resume_command
 from lmctl.run.signals import graceful_stop
+from lmctl.storage import atomic
 
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
@@ -88,6 +89,10 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
                 f"training stopped: {exc}; {kept}",
                 "lower --learning-rate, add --warmup-steps or --max-grad-norm, or check the data",
             ) from exc
+        except Exception as exc:
+            if isinstance(exc, LmctlError) or not atomic.no_space_left(exc, run_dir):
+                raise
+            raise _disk_full(run_dir, exc) from exc
         finally:
             if main:
                 rundir.record_trackers(run_dir, trackers_existed)
@@ -141,3 +146,16 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
     if publication is not None:
         outcome["push"] = publication.push(run_dir)
     return outcome
+
+
+def _disk_full(run_dir: Path, exc: BaseException) -> TrainingFailed:
+    """The run's file system is full: drop the half-written save (it frees the space it took)
+    and name the checkpoint that is kept."""
+    atomic.discard_staging(run_dir)
+    latest = rundir.latest_checkpoint(run_dir)
+    kept = f"the last good checkpoint is {latest.name}" if latest else "no checkpoint was saved"
+    step = f"continue with: {resume_command(run_dir)}" if latest else "then start the run again"
+    return TrainingFailed(
+        f"no space left on the device of {run_dir} ({type(exc).__name__}); {kept}",
+        f"free some space there (or move the run to a larger disk), {step}",
+    )

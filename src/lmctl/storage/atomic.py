@@ -3,6 +3,7 @@ name, flushed to disk, then renamed into place."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -199,3 +200,26 @@ def atomic_write(path: Path, content: str | bytes) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+#: Free space below which a failed write is taken for a full disk (libraries such as torch
+#: report a short write without its errno).
+NEARLY_FULL_BYTES = 1 << 20
+
+
+def no_space_left(exc: BaseException, path: Path) -> bool:
+    """Whether ``exc`` (or an exception it came from) failed because the file system holding
+    ``path`` is full."""
+    current: BaseException | None = exc
+    seen: set[int] = set()
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    try:
+        return shutil.disk_usage(path).free < NEARLY_FULL_BYTES
+    except OSError:
+        return False

@@ -208,6 +208,11 @@ def failure(exc: BaseException, where: str) -> LmctlError:
         return ConfigError(
             f"{where}: not found ({detail})", "check the bucket and path; buckets must exist"
         )
+    if isinstance(exc, (NotADirectoryError, IsADirectoryError, FileExistsError)):
+        return ConfigError(
+            f"{where}: a file is in the way ({detail})",
+            "choose a destination whose parent folders are folders, not files",
+        )
     raise exc
 
 
