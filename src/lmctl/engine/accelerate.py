@@ -694,6 +694,7 @@ class AccelerateRun:
             save_function=acc.save,
             state_dict=state_dict,
         )
+        acc.wait_for_everyone()  # every process is done with the staging folder
         if self.is_main:
             self.prepared.tokenizer.save_pretrained(staging)
             rundir.commit_model(staging, self.run_dir)

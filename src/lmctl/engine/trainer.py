@@ -352,6 +352,10 @@ def _make_trainer_class() -> type:
             self.state.compute_steps(self.args, max_steps)
             self.run_totals = RunTotals.of_checkpoint(resume_from_checkpoint)
             self._session_start = time.time()
+            if self.state.global_step >= max_steps:
+                # Resumed at the last step: nothing is left to train. (The Trainer would skip
+                # into the last epoch and take one step more before checking.)
+                return num_train_epochs, 0
             checkpoint = resume_from_checkpoint
             if self.stream_position is None or checkpoint is None or self.args.ignore_data_skip:
                 return epochs, batches

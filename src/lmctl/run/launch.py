@@ -15,7 +15,7 @@ import sys
 import tempfile
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lmctl.config.fields import flag_name
 from lmctl.distributed import is_main_process, launched
@@ -89,7 +89,13 @@ def relaunch(config: TrainConfig, console: Console) -> None:
     os.close(handle)
     try:
         try:
-            launcher = subprocess.Popen(command, env={**os.environ, EXIT_FILE_ENV: exit_file})
+            # The launched run writes its result to lmctl's own stdout (this process has sent
+            # file descriptor 1 to stderr meanwhile, see lmctl.console.own_stdout).
+            launcher = subprocess.Popen(
+                command,
+                env={**os.environ, EXIT_FILE_ENV: exit_file},
+                stdout=_result_stream(console),
+            )
         except OSError as exc:
             raise ConfigError(
                 f"--nproc {config.nproc}: cannot start the launcher ({exc})",
@@ -116,3 +122,12 @@ def report_exit_code(code: int) -> None:
     if exit_file and is_main_process():
         with suppress(OSError):
             Path(exit_file).write_text(f"{int(code)}\n")
+
+
+def _result_stream(console: Console) -> Any:
+    """The stream lmctl writes its result to, when it is a real file (else inherit stdout)."""
+    try:
+        console.out.fileno()  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return None
+    return console.out
