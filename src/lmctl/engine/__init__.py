@@ -142,6 +142,9 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         resumed=result.resumed_from is not None,
     )
     write_loss_plot(run_dir, console)
+    if main and config.do_train:
+        # Last: a run killed before this line is resumed to write what it is missing.
+        rundir.append_metrics(run_dir, {"event": "finished", "step": result.global_step})
     outcome = {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": results}
     if publication is not None:
         outcome["push"] = publication.push(run_dir)

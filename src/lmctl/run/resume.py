@@ -188,16 +188,6 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any], console: Console) -> R
     return ResumePlan(run_dir, objective, config, checkpoint, step)
 
 
-def _finished_at(run_dir: Path) -> int | None:
-    """The step at which the run last finished (its final state is saved beside the model)."""
-    try:
-        state = rundir.read_checkpoint_state(run_dir)
-    except (OSError, ValueError):
-        return None
-    step = state.get("global_step")
-    return step if isinstance(step, int) else None
-
-
 def _check_there_is_more_to_do(
     config: TrainConfig,
     overrides: dict[str, Any],
@@ -221,7 +211,7 @@ def _check_there_is_more_to_do(
             f"extend it with --max-steps N (more than {step})",
         )
     planned = state.get("max_steps")
-    if not isinstance(planned, int) or step < planned or _finished_at(run_dir) != step:
+    if not isinstance(planned, int) or step < planned or rundir.finished_step(run_dir) != step:
         return
     if "max_steps" in overrides:
         return

@@ -259,6 +259,25 @@ def read_config(path: Path) -> dict[str, Any]:
     return read_config_file(str(path / CONFIG_FILE))
 
 
+def finished_step(path: Path) -> int | None:
+    """The step at which the run last finished: its final state is beside the model and the
+    ``finished`` event, written after every other file of the run, is in the metrics log (a
+    run killed before that is resumed to write what is missing)."""
+    try:
+        step = read_checkpoint_state(path).get("global_step")
+        lines = (path / METRICS_LOG).read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError):
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") == "finished":
+            return step if isinstance(step, int) and record.get("step") == step else None
+    return None
+
+
 def append_metrics(path: Path, record: dict[str, Any]) -> None:
     """One line of ``metrics.jsonl``: strict JSON (a NaN or infinity is written as null and
     its key listed under ``non_finite``)."""
