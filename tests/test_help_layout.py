@@ -99,6 +99,7 @@ def test_panels_in_the_order_a_user_fills_them() -> None:
         "Data",
         "Objective",
         "Training",
+        "Processes, sharding and adapters",
         "Evaluation and checkpoints",
         "Publishing",
         "Output",

@@ -133,6 +133,10 @@ def test_probe_uses_the_endpoint(server: Server, monkeypatch: pytest.MonkeyPatch
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", server.url)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    from huggingface_hub.utils import close_session
+
+    close_session()  # a client made by an earlier test holds that test's proxy settings
     hub.hub_reachable.cache_clear()
     try:
         assert hub.hub_reachable()

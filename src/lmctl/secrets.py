@@ -55,7 +55,14 @@ def is_secret_key(name: str) -> bool:
 
 
 def redact(data: Any, *, drop: bool) -> Any:
-    """``data`` with every secret key removed (``drop``) or its value replaced by ``***``."""
+    """``data`` with every secret key removed (``drop``) or its value replaced by ``***``, and
+    every secret value masked inside text (``optim_args: 'api_key=...'``, or the same value
+    under another key)."""
+    register_in(data)
+    return _redacted(data, drop)
+
+
+def _redacted(data: Any, drop: bool) -> Any:
     if isinstance(data, dict):
         out: dict[Any, Any] = {}
         for key, value in data.items():
@@ -63,11 +70,22 @@ def redact(data: Any, *, drop: bool) -> Any:
                 if not drop:
                     out[key] = MASK
                 continue
-            out[key] = redact(value, drop=drop)
+            out[key] = _redacted(value, drop)
         return out
     if isinstance(data, (list, tuple)):
-        return [redact(item, drop=drop) for item in data]
+        return [_redacted(item, drop) for item in data]
+    if isinstance(data, str):
+        return mask_text(_PAIR.sub(_masked_pair, data))
     return data
+
+
+#: ``name=value`` inside a text setting (``optim_args``, ``lr_scheduler_kwargs`` strings).
+_PAIR = re.compile(r"([A-Za-z0-9_.-]+)(\s*=\s*)([^,;\s]+)")
+
+
+def _masked_pair(match: re.Match[str]) -> str:
+    name, equals, _ = match.groups()
+    return f"{name}{equals}{MASK}" if is_secret_key(name) else match.group(0)
 
 
 def secret_keys(data: Any, prefix: str = "") -> list[str]:
@@ -105,6 +123,10 @@ def _secret_values(data: Any) -> Iterator[Any]:
     elif isinstance(data, (list, tuple)):
         for item in data:
             yield from _secret_values(item)
+    elif isinstance(data, str):
+        for name, _, value in _PAIR.findall(data):
+            if is_secret_key(name):
+                yield value
 
 
 def register_environment() -> None:

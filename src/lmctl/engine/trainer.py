@@ -148,7 +148,7 @@ def public_arguments(args: Any) -> Any:
         value = getattr(args, item.name, None)
         if secrets.is_secret_key(item.name) and value is not None:
             object.__setattr__(clean, item.name, None)
-        elif isinstance(value, dict):
+        elif isinstance(value, (dict, str)):
             object.__setattr__(clean, item.name, secrets.redact(value, drop=True))
     return clean
 

@@ -10,6 +10,7 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lmctl.run.rundir import record_written
 from lmctl.run.summary import Curves, read_curves
 from lmctl.storage.atomic import atomic_write
 
@@ -29,6 +30,7 @@ def write_loss_plot(run_dir: Path, console: Console) -> Path | None:
         return None
     path = run_dir / PLOT_FILE
     atomic_write(path, render_png(curves, title=run_dir.name))
+    record_written(run_dir, PLOT_FILE)
     return path
 
 

@@ -329,6 +329,8 @@ def begin_model(run_dir: Path, owner: str) -> Path:
 def commit_model(staging: Path, run_dir: Path) -> None:
     """Move a staged final model into the run directory, its manifest last (see
     :func:`lmctl.storage.atomic.commit_files`)."""
+    # A library's own model card (peft writes one) is replaced by lmctl's after the save.
+    (staging / "README.md").unlink(missing_ok=True)
     names = atomic.commit_files(staging, run_dir, MODEL_MANIFEST, name=MODEL_STAGING)
     record_written(run_dir, *names)
 

@@ -84,9 +84,10 @@ def refusal(exc: BaseException, what: str) -> LmctlError | None:
 
 
 def unreachable(what: str) -> RemoteUnreachable:
-    why = "HF_HUB_OFFLINE is set" if offline_mode() else f"{endpoint()} is unreachable"
+    why = "HF_HUB_OFFLINE is set" if offline_mode() else f"{endpoint()} does not answer"
     return RemoteUnreachable(
-        f"{what}: the Hugging Face Hub is needed but {why}, and it is not in the local cache",
+        f"{what}: the Hugging Face Hub is needed but unreachable ({why}), and it is not in "
+        "the local cache",
         "use a local directory or file, or connect to the network and retry "
         "(HF_ENDPOINT selects a mirror; proxies come from HTTPS_PROXY/HTTP_PROXY)",
     )
