@@ -373,7 +373,7 @@ def test_streaming_resumes_exactly_across_passes(
     assert results(full)["eval_samples"] > 0
     state = json.loads((full / "checkpoint-60" / rundir.STATE_FILE).read_text())
     assert state["stateful_callbacks"]["AccelerateDataPosition"] == {"epoch": 0, "batches_done": 60}
-    assert records(full)[-1]["epoch"] >= 1  # the run went on into a second pass
+    assert [r for r in records(full) if "epoch" in r][-1]["epoch"] >= 1  # the run went on into a second pass
 
     crashed = tmp_path / "crashed"  # what a run that died after step 60 leaves behind
     shutil.copytree(full / "checkpoint-60", crashed / "checkpoint-60")

@@ -4,6 +4,9 @@ status. Everything runs against HTTP servers on 127.0.0.1 started here."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -126,25 +129,19 @@ def test_offline_mode_fails_fast_without_a_request(
     assert server.seen == []
 
 
-def test_probe_uses_the_endpoint(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lmctl.storage import hub
+def _probe(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """lmctl's Hub probe in a fresh process (no client or settings left by another test)."""
+    code = "from lmctl.storage.hub import hub_reachable; print(hub_reachable())"
+    full_env = {**os.environ, **NO_PROXY_ENV, **env}
+    full_env.pop("TRANSFORMERS_OFFLINE", None)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, check=True
+    )
 
-    for name in NO_PROXY_ENV:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    from huggingface_hub.utils import close_session
 
-    close_session()  # a client made by an earlier test holds that test's proxy settings
-    hub.hub_reachable.cache_clear()
-    try:
-        assert hub.hub_reachable()
-        assert server.seen
-        server.seen.clear()
-        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-        hub.hub_reachable.cache_clear()
-        assert not hub.hub_reachable()
-        assert server.seen == []
-    finally:
-        hub.hub_reachable.cache_clear()
+def test_probe_uses_the_endpoint(server: Server) -> None:
+    assert _probe({"HF_ENDPOINT": server.url, "HF_HUB_OFFLINE": "0"}).stdout.strip() == "True"
+    assert server.seen
+    server.seen.clear()
+    assert _probe({"HF_ENDPOINT": server.url, "HF_HUB_OFFLINE": "1"}).stdout.strip() == "False"
+    assert server.seen == []

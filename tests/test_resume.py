@@ -53,6 +53,7 @@ def _synthetic_run(
             (staging / rundir.STATE_FILE).write_text(json.dumps(state))
     if finished:
         (run / rundir.STATE_FILE).write_text(json.dumps({"global_step": steps[-1]}))
+        rundir.append_metrics(run, {"event": "finished", "step": steps[-1]})
     return run
 
 
