@@ -149,20 +149,27 @@ def _explain_bad_file(path: str, extension: str, shown: str, exc: Exception) -> 
             return
         handle.seek(0)
         for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(
-                    f"{shown}, line {number}: invalid JSON ({err.msg})",
-                    "fix that line; each line must be one JSON object",
-                ) from exc
-            if not isinstance(record, dict):
-                raise DataError(
-                    f"{shown}, line {number}: expected a JSON object, got {type(record).__name__}",
-                    'write one object per line, e.g. {"text": "..."}',
-                ) from exc
+            if line.strip():
+                parse_json_record(line, f"{shown}, line {number}")
+
+
+def parse_json_record(line: str, where: str, *, require_object: bool = True) -> Any:
+    """One record of JSON-lines data. ``where`` names the file and, when known, the line; a
+    malformed line, or with ``require_object`` a record that is not a JSON object, is a
+    DataError that names it."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(
+            f"{where}: invalid JSON ({exc.msg})",
+            "fix that line; each line must be one JSON object",
+        ) from exc
+    if require_object and not isinstance(record, dict):
+        raise DataError(
+            f"{where}: expected a JSON object, got {type(record).__name__}",
+            'write one object per line, e.g. {"text": "..."}',
+        )
+    return record
 
 
 def _root_cause(exc: BaseException) -> str:

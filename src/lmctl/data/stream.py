@@ -30,7 +30,6 @@ records); Hub, csv and parquet streams need a validation split or ``--no-eval``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from functools import partial
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from lmctl.data.load import sample_limit
+from lmctl.data.load import parse_json_record, sample_limit
 from lmctl.data.tokens import ENCODE_BATCH, BlockCutter, TextEncoder
 from lmctl.errors import ConfigError, DataError
 from lmctl.storage import hub
@@ -138,20 +137,10 @@ def read_json_lines(
             for line in _decode(data, piece).splitlines():
                 if not line.strip():
                     continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(
-                        f"{piece.path}: invalid JSON line ({exc.msg}): {line[:80]!r}",
-                        "fix that line; each line must be one JSON object",
-                    ) from exc
+                record = parse_json_record(
+                    line, f"{piece.path} ({line[:80]!r})", require_object=column is None
+                )
                 if column is None:
-                    if not isinstance(record, dict):
-                        raise DataError(
-                            f"{piece.path}: expected a JSON object, got "
-                            f"{type(record).__name__}: {line[:80]!r}",
-                            "write one object per line",
-                        )
                     values.append(record)
                     continue
                 value = record.get(column) if isinstance(record, dict) else None
@@ -359,14 +348,8 @@ def _first_record(files: list[str]) -> tuple[str, int, dict[str, Any]]:
             line = raw_line.decode("utf-8", errors="replace")
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{path}, line {number}: invalid JSON ({exc.msg})",
-                    "fix that line; each line must be one JSON object",
-                ) from exc
-            if not isinstance(record, dict) or not record:
+            record = parse_json_record(line, f"{path}, line {number}")
+            if not record:
                 raise DataError(
                     f"{path}, line {number}: expected a JSON object with a text field",
                     'write one object per line, e.g. {"text": "..."}',
