@@ -474,19 +474,6 @@ def library_warnings(console: Console) -> Iterator[None]:
         hf_logging.set_verbosity(previous)
 
 
-def is_bidirectional_encoder(model_config: PretrainedConfig) -> bool:
-    """Whether the architecture is an encoder (it has a masked-LM model) whose causal-LM class
-    attends both ways unless the config sets ``is_decoder`` (BERT, RoBERTa, ELECTRA, ...)."""
-    from transformers import AutoModelForMaskedLM
-
-    mapping: Any = AutoModelForMaskedLM._model_mapping
-    return (
-        type(model_config) in mapping
-        and not getattr(model_config, "is_encoder_decoder", False)
-        and getattr(model_config, "is_decoder", None) is False
-    )
-
-
 def _fit_vocabulary(
     config: TrainConfig, model_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase
 ) -> None:

@@ -83,9 +83,7 @@ class Clm(Objective):
     def adapt_model_config(
         self, config: TrainConfig, model_config: PretrainedConfig, console: Console
     ) -> None:
-        from lmctl.models.build import is_bidirectional_encoder
-
-        if is_bidirectional_encoder(model_config):
+        if _is_bidirectional_encoder(model_config):
             model_config.is_decoder = True
             console.info(
                 f"{model_config.model_type} is an encoder: using it as a causal LM with "
@@ -122,3 +120,16 @@ class Clm(Objective):
 
 
 OBJECTIVE = Clm()
+
+
+def _is_bidirectional_encoder(model_config: PretrainedConfig) -> bool:
+    """Whether the architecture is an encoder (it has a masked-LM model) whose causal-LM class
+    attends both ways unless the config sets ``is_decoder`` (BERT, RoBERTa, ELECTRA, ...)."""
+    from transformers import AutoModelForMaskedLM
+
+    mapping: Any = AutoModelForMaskedLM._model_mapping
+    return (
+        type(model_config) in mapping
+        and not getattr(model_config, "is_encoder_decoder", False)
+        and getattr(model_config, "is_decoder", None) is False
+    )
