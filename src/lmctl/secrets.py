@@ -79,8 +79,10 @@ def _redacted(data: Any, drop: bool) -> Any:
     return data
 
 
-#: ``name=value`` inside a text setting (``optim_args``, ``lr_scheduler_kwargs`` strings).
-_PAIR = re.compile(r"([A-Za-z0-9_.-]+)(\s*=\s*)([^,;\s]+)")
+#: ``name=value`` inside a text setting (``optim_args``, ``lr_scheduler_kwargs`` strings). A
+#: name starts only where a word starts, so a long value without ``=`` is scanned in linear
+#: time (trying every suffix of it as a name would be quadratic).
+_PAIR = re.compile(r"(?<![A-Za-z0-9_.-])([A-Za-z0-9_.-]+)(\s*=\s*)([^,;\s]+)")
 
 
 def _masked_pair(match: re.Match[str]) -> str:
