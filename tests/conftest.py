@@ -22,6 +22,11 @@ from lmctl.resources import EMBEDDED_CORPUS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Tests run side by side (pytest -n): one math thread per process, so that two workers
+    # on two cores do not contend; every comparison in a test runs under the same setting.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_caches(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -97,7 +102,64 @@ def lmctl(
     )
 
 
+_HIDING_SITE = """\
+import sys
+from importlib.machinery import PathFinder
+
+HIDDEN = {hidden!r}
+
+
+class HidingPathFinder(PathFinder):
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if fullname.partition(".")[0] in HIDDEN:
+            return None
+        return PathFinder.find_spec(fullname, path, target)
+
+
+sys.meta_path[:] = [HidingPathFinder if f is PathFinder else f for f in sys.meta_path]
+"""
+
+
+def without_packages(where: Path, *names: str) -> dict[str, str]:
+    """Environment for a subprocess in which the packages ``names`` cannot be found, as on a
+    machine where they are not installed (a ``sitecustomize`` drops them from the import
+    path finder)."""
+    site = where / "site-without-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(_HIDING_SITE.format(hidden=set(names)))
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path}
+
+
 TINY_GPT2 = ("--model-type", "gpt2", "--config-overrides", "n_layer=2,n_embd=64,n_head=2")
+
+
+def tiny_clm_args(
+    tokenizer: Path,
+    text_files: tuple[Path, Path],
+    *extra: str | Path,
+    block_size: int = 64,
+    steps: int = 4,
+) -> list[str | Path]:
+    """``train clm`` of the tiny GPT-2 on the test texts, with ``extra`` flags after."""
+    train, valid = text_files
+    return [
+        "train",
+        "clm",
+        *TINY_GPT2,
+        "--tokenizer-name",
+        tokenizer,
+        "--train-file",
+        train,
+        "--validation-file",
+        valid,
+        "--block-size",
+        str(block_size),
+        "--max-steps",
+        str(steps),
+        *extra,
+    ]
 
 
 @dataclass
@@ -327,24 +389,7 @@ def tiny_clm_run(
     tmp_path_factory: pytest.TempPathFactory, bpe_tokenizer: Path, text_files: tuple[Path, Path]
 ) -> Path:
     """A finished run of a tiny GPT-2 (a few steps, no checkpoint kept), trained once."""
-    train, valid = text_files
     out = tmp_path_factory.mktemp("tiny-clm") / "run"
-    proc = lmctl(
-        "train",
-        "clm",
-        *TINY_GPT2,
-        "--tokenizer-name",
-        bpe_tokenizer,
-        "--train-file",
-        train,
-        "--validation-file",
-        valid,
-        "--block-size",
-        "64",
-        "--max-steps",
-        "4",
-        "--output-dir",
-        out,
-    )
+    proc = lmctl(*tiny_clm_args(bpe_tokenizer, text_files, "--output-dir", out))
     assert proc.returncode == 0, proc.stderr
     return out

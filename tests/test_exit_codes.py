@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_GPT2, assert_clean_failure, lmctl
+from tests.conftest import TINY_GPT2, assert_clean_failure, lmctl, without_packages
 
 pytestmark = pytest.mark.e2e
 
@@ -62,7 +62,7 @@ CASES: dict[str, tuple[Case, int, str]] = {
         2,
         "not installed",
     ),
-    "deepspeed not installed": (_deepspeed_config, 2, "DeepSpeed"),
+    "deepspeed not installed": (_deepspeed_config, 2, "needs the deepspeed package"),
     "output dir under a file": (_output_under_a_file, 2, "notes.txt"),
 }
 
@@ -71,18 +71,9 @@ CASES: dict[str, tuple[Case, int, str]] = {
 def test_train_mistakes_exit_with_their_code(
     name: str, tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path
 ) -> None:
-    if name == "tracker not installed, trainer":
-        import importlib.util
-
-        if importlib.util.find_spec("comet_ml") is not None:
-            pytest.skip("comet_ml is installed here")
-    if name == "deepspeed not installed":
-        import importlib.util
-
-        if importlib.util.find_spec("deepspeed") is not None:
-            pytest.skip("deepspeed is installed here")
     build, code, needle = CASES[name]
-    proc = lmctl(*build(tmp_path, text_files[0], bpe_tokenizer))
+    hidden = without_packages(tmp_path, "comet_ml", "deepspeed")
+    proc = lmctl(*build(tmp_path, text_files[0], bpe_tokenizer), env=hidden)
     assert_clean_failure(proc, code, needle)
     assert not (tmp_path / "run").exists(), "a half-made run directory was left behind"
 
