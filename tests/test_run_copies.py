@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import TINY_GPT2, lmctl
+from tests.conftest import lmctl, tiny_clm_args
 
 pytestmark = pytest.mark.e2e
 
@@ -33,27 +33,10 @@ def test_a_pushed_copy_never_points_at_the_original(
     tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path
 ) -> None:
     work = tmp_path
-    train, valid = text_files
-    proc = lmctl(
-        "train",
-        "clm",
-        *TINY_GPT2,
-        "--tokenizer-name",
-        bpe_tokenizer,
-        "--train-file",
-        train,
-        "--validation-file",
-        valid,
-        "--block-size",
-        "32",
-        "--max-steps",
-        "2",
-        "--save-strategy",
-        "no",
-        "-o",
-        "runs/ci",
-        cwd=work,
+    args = tiny_clm_args(
+        bpe_tokenizer, text_files, "--save-strategy", "no", "-o", "runs/ci", block_size=32, steps=2
     )
+    proc = lmctl(*args, cwd=work)
     assert proc.returncode == 0, proc.stderr
     original = work / "runs" / "ci"
     assert saved_config(original)["output_dir"] == str(original)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_GPT2, assert_clean_failure, lmctl
+from tests.conftest import assert_clean_failure, lmctl, tiny_clm_args
 
 SECRETS = {
     "flag": "hf_FlagSecretValue0001",
@@ -49,26 +49,14 @@ def secret_run(
     tmp_path_factory: pytest.TempPathFactory, text_files: tuple[Path, Path], bpe_tokenizer: Path
 ) -> tuple[Path, list[subprocess.CompletedProcess[str]]]:
     work = tmp_path_factory.mktemp("secrets")
-    train, valid = text_files
     config = work / "cfg.yaml"
     config.write_text(
         f"training_args:\n  hub_token: {SECRETS['training_args']}\n  save_only_model: false\n"
     )
     out = work / "run"
-    proc = lmctl(
-        "train",
-        "clm",
-        *TINY_GPT2,
-        "--tokenizer-name",
+    args = tiny_clm_args(
         bpe_tokenizer,
-        "--train-file",
-        train,
-        "--validation-file",
-        valid,
-        "--block-size",
-        "32",
-        "--max-steps",
-        "2",
+        text_files,
         "--save-steps",
         "2",
         "--token",
@@ -78,9 +66,10 @@ def secret_run(
         "--output-dir",
         out,
         "--json",
-        cwd=work,
-        env={"HF_TOKEN": SECRETS["env"]},
+        block_size=32,
+        steps=2,
     )
+    proc = lmctl(*args, cwd=work, env={"HF_TOKEN": SECRETS["env"]})
     assert proc.returncode == 0, proc.stderr
     return out, [proc]
 
