@@ -109,18 +109,20 @@ def _truncate(path: Path, keep: float = 0.5) -> None:
     path.write_bytes(data[: int(len(data) * keep)])
 
 
-def _model_without_weights(c: Ctx) -> str:
-    model = c.ws / "gpt2-no-weights"
+def _damaged_model(c: Ctx, name: str, damage: Callable[[Path], None]) -> str:
+    """A copy of the tiny GPT-2 whose weights file ``damage`` spoils."""
+    model = c.ws / name
     shutil.copytree(c.models["gpt2"], model)
-    (model / "model.safetensors").unlink()
+    damage(model / "model.safetensors")
     return str(model)
+
+
+def _model_without_weights(c: Ctx) -> str:
+    return _damaged_model(c, "gpt2-no-weights", Path.unlink)
 
 
 def _model_truncated(c: Ctx) -> str:
-    model = c.ws / "gpt2-truncated"
-    shutil.copytree(c.models["gpt2"], model)
-    _truncate(model / "model.safetensors")
-    return str(model)
+    return _damaged_model(c, "gpt2-truncated", _truncate)
 
 
 def _run_truncated_final(c: Ctx) -> str:
@@ -147,24 +149,10 @@ def _non_run_dir(c: Ctx) -> str:
     return str(project)
 
 
-def _swag_args(c: Ctx, train: str, *extra: str) -> list[str]:
+def _encoder_args(c: Ctx, objective: str, train: str, *extra: str) -> list[str]:
+    """``train mlm`` or ``train swag`` of the tiny BERT with its WordPiece tokenizer."""
     return c.objective(
-        "swag",
-        "--model",
-        str(c.models["bert"]),
-        "--tokenizer-name",
-        str(c.wordpiece),
-        "--train-file",
-        train,
-        "--max-seq-length",
-        "32",
-        *extra,
-    )
-
-
-def _mlm_args(c: Ctx, train: str, *extra: str) -> list[str]:
-    return c.objective(
-        "mlm",
+        objective,
         "--model",
         str(c.models["bert"]),
         "--tokenizer-name",
@@ -202,8 +190,8 @@ CASES = [
     ),
     Case(
         "mlm-non-utf8-file",
-        lambda c: _mlm_args(
-            c, c.file("latin1.txt", "caf\xe9 cr\xe8me br\xfbl\xe9e\n".encode("latin-1") * 50)
+        lambda c: _encoder_args(
+            c, "mlm", c.file("latin1.txt", "caf\xe9 cr\xe8me br\xfbl\xe9e\n".encode("latin-1") * 50)
         ),
         3,
         "latin1.txt",
@@ -241,8 +229,9 @@ CASES = [
     ),
     Case(
         "swag-missing-label-column",
-        lambda c: _swag_args(
+        lambda c: _encoder_args(
             c,
+            "swag",
             c.file(
                 "nolabel.jsonl",
                 _jsonl(
@@ -255,8 +244,9 @@ CASES = [
     ),
     Case(
         "swag-label-out-of-range",
-        lambda c: _swag_args(
+        lambda c: _encoder_args(
             c,
+            "swag",
             c.file("badlabel.jsonl", _jsonl([{**r, "label": 9} for r in swag_records(8, seed=3)])),
         ),
         3,
@@ -397,7 +387,7 @@ CASES = [
     ),
     Case(
         "mlm-probability-out-of-range",
-        lambda c: _mlm_args(c, str(c.corpus), "--mlm-probability", "1.5"),
+        lambda c: _encoder_args(c, "mlm", str(c.corpus), "--mlm-probability", "1.5"),
         2,
         "--mlm-probability",
     ),
