@@ -439,6 +439,37 @@ def training(
     def rate(results: list[dict[str, Any]], amount: float) -> list[float]:
         return [amount / r["train_runtime"] for r in results]
 
+    def compare(
+        lmctl_args: list[Any], upstream_args: list[str], **more: list[Any]
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Both engines, any further lmctl variants and the baseline, interleaved."""
+        variants: dict[str, Callable[[], dict[str, Any]]] = {
+            "trainer": lambda: _lmctl_train(work, lmctl_args),
+            "accelerate": lambda: _lmctl_train(work, [*lmctl_args, "--engine", "accelerate"]),
+        }
+        for name, extra in more.items():
+            variants[name] = lambda extra=extra: _lmctl_train(work, [*lmctl_args, *extra])
+        variants["baseline"] = lambda: _upstream(work, upstream_args)
+        return interleave(reps, variants)
+
+    def engine_rates(
+        label: str, unit: str, runs: dict[str, list[dict[str, Any]]], amount: float, target: float
+    ) -> list[Figure]:
+        """Throughput of each engine against the baseline's."""
+        base = rate(runs["baseline"], amount)
+        return [
+            Figure(
+                "training",
+                f"{label}, {engine} engine",
+                unit,
+                rate(runs[engine], amount),
+                base,
+                "higher",
+                target,
+            )
+            for engine in ("trainer", "accelerate")
+        ]
+
     clm_runs: dict[str, Any] = {}
     tokens = steps * batch * block
     common = ["--per-device-train-batch-size", batch, "--no-eval", "--logging-steps", 10]
@@ -473,35 +504,10 @@ def training(
             "--batch-size",
             str(batch),
         ]
-        runs = interleave(
-            reps,
-            {
-                "trainer": lambda: _lmctl_train(work, clm_lmctl),
-                "accelerate": lambda: _lmctl_train(work, [*clm_lmctl, "--engine", "accelerate"]),
-                "auto": lambda: _lmctl_train(work, [*clm_lmctl, "--precision", "auto"]),
-                "baseline": lambda: _upstream(work, clm_upstream),
-            },
-        )
+        runs = compare(clm_lmctl, clm_upstream, auto=["--precision", "auto"])
         base = rate(runs["baseline"], tokens)
+        figures += engine_rates("clm tokens/s", "tokens/s", runs, tokens, 1.1)
         figures += [
-            Figure(
-                "training",
-                "clm tokens/s, trainer engine",
-                "tokens/s",
-                rate(runs["trainer"], tokens),
-                base,
-                "higher",
-                1.1,
-            ),
-            Figure(
-                "training",
-                "clm tokens/s, accelerate engine",
-                "tokens/s",
-                rate(runs["accelerate"], tokens),
-                base,
-                "higher",
-                1.1,
-            ),
             Figure(
                 "training",
                 "clm tokens/s, --precision auto vs baseline fp32",
@@ -569,34 +575,11 @@ def training(
             "--batch-size",
             str(batch),
         ]
-        runs = interleave(
-            reps,
-            {
-                "trainer": lambda: _lmctl_train(work, mlm_lmctl),
-                "accelerate": lambda: _lmctl_train(work, [*mlm_lmctl, "--engine", "accelerate"]),
-                "baseline": lambda: _upstream(work, mlm_upstream),
-            },
+        runs = compare(mlm_lmctl, mlm_upstream)
+        figures += engine_rates(
+            "mlm line by line, non-padding tokens/s", "tokens/s", runs, real_tokens, 1.5
         )
-        base = rate(runs["baseline"], real_tokens)
         figures += [
-            Figure(
-                "training",
-                "mlm line by line, non-padding tokens/s, trainer engine",
-                "tokens/s",
-                rate(runs["trainer"], real_tokens),
-                base,
-                "higher",
-                1.5,
-            ),
-            Figure(
-                "training",
-                "mlm line by line, non-padding tokens/s, accelerate engine",
-                "tokens/s",
-                rate(runs["accelerate"], real_tokens),
-                base,
-                "higher",
-                1.5,
-            ),
             Figure(
                 "training",
                 "mlm final loss (lmctl / baseline)",
@@ -657,36 +640,8 @@ def training(
             "--batch-size",
             str(batch),
         ]
-        runs = interleave(
-            reps,
-            {
-                "trainer": lambda: _lmctl_train(work, swag_lmctl),
-                "accelerate": lambda: _lmctl_train(work, [*swag_lmctl, "--engine", "accelerate"]),
-                "baseline": lambda: _upstream(work, swag_upstream),
-            },
-        )
-        count = len(records)
-        base = rate(runs["baseline"], count)
-        figures += [
-            Figure(
-                "training",
-                "swag examples/s, trainer engine",
-                "examples/s",
-                rate(runs["trainer"], count),
-                base,
-                "higher",
-                1.3,
-            ),
-            Figure(
-                "training",
-                "swag examples/s, accelerate engine",
-                "examples/s",
-                rate(runs["accelerate"], count),
-                base,
-                "higher",
-                1.3,
-            ),
-        ]
+        runs = compare(swag_lmctl, swag_upstream)
+        figures += engine_rates("swag examples/s", "examples/s", runs, len(records), 1.3)
     return figures, {"clm": clm_runs, "gpt2": gpt2, "tokens": tokens, "block": block}
 
 
