@@ -62,3 +62,18 @@ def test_completion_answers_without_heavy_imports() -> None:
     )
     assert "--learning-rate" in proc.stdout
     assert "HEAVY=0" in proc.stderr
+
+
+def test_every_extra_named_in_a_hint_exists() -> None:
+    """``pip install 'lmctl[X]'`` in a message or a doc names an extra that pyproject declares."""
+    import tomllib
+
+    from lmctl.storage.locations import EXTRAS
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = set(project["optional-dependencies"])
+    files = [*(ROOT / "src").rglob("*.py"), ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    named = {name for f in files for name in re.findall(r"lmctl\[([a-z0-9_-]+)\]", f.read_text())}
+    named |= {extra for extra, _ in EXTRAS.values()}
+    assert {"deepspeed", "peft", "plot", "s3"} <= named
+    assert named <= declared, sorted(named - declared)
