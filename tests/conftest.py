@@ -11,7 +11,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,6 +133,12 @@ def without_packages(where: Path, *names: str) -> dict[str, str]:
 
 
 TINY_GPT2 = ("--model-type", "gpt2", "--config-overrides", "n_layer=2,n_embd=64,n_head=2")
+
+
+def slow_except(values: Iterable[Any], default: Any) -> list[Any]:
+    """Parameters of a test that runs for ``default`` in the default tier and for every other
+    value with the slow tier."""
+    return [v if v == default else pytest.param(v, marks=pytest.mark.slow) for v in values]
 
 
 def tiny_clm_args(

@@ -24,7 +24,7 @@ from lmctl.objectives.clm import ClmConfig
 from lmctl.run import rundir
 from lmctl.storage import atomic
 from tests import conftest
-from tests.conftest import TINY_GPT2, lmctl, without_packages
+from tests.conftest import TINY_GPT2, lmctl, slow_except, without_packages
 
 # Files only the trainer engine writes (its pickled TrainingArguments).
 TRAINER_ONLY_FILES = {"training_args.bin"}
@@ -144,7 +144,7 @@ def test_every_objective_has_a_tiny_run() -> None:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("objective", sorted(OBJECTIVE_RUNS))
+@pytest.mark.parametrize("objective", slow_except(sorted(OBJECTIVE_RUNS), "clm"))
 def test_same_run_directory_and_keys_as_the_trainer_engine(
     objective: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -187,7 +187,7 @@ def test_same_run_directory_and_keys_as_the_trainer_engine(
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("objective", sorted(set(OBJECTIVE_RUNS) - {"clm"}))  # clm: crash test
+@pytest.mark.parametrize("objective", slow_except(["mlm", "plm", "swag"], "mlm"))  # clm: crash test
 def test_resume_is_exact_with_random_collators(
     objective: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -357,6 +357,7 @@ def test_missing_tracker_package_is_a_config_error(
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_streaming_resumes_exactly_across_passes(
     bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path
 ) -> None:

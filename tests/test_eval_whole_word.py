@@ -12,7 +12,11 @@ from tests.conftest import TINY_BERT, lmctl
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("layout", [["--line-by-line"], []], ids=["line-by-line", "grouped"])
+@pytest.mark.parametrize(
+    "layout",
+    [["--line-by-line"], pytest.param([], marks=pytest.mark.slow)],
+    ids=["line-by-line", "grouped"],
+)
 def test_eval_of_a_whole_word_mask_run(
     layout: list[str], text_files: tuple[Path, Path], wordpiece_tokenizer: Path, tmp_path: Path
 ) -> None:

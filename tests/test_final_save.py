@@ -43,6 +43,7 @@ def train_args(out: Path, text_files: tuple[Path, Path], tokenizer: Path, *extra
     ]
 
 
+@pytest.mark.slow
 def test_kill_during_the_final_save_leaves_no_model_that_looks_complete(
     tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path
 ) -> None:

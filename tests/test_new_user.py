@@ -15,6 +15,7 @@ from tests.conftest import (
     assert_clean_failure,
     lmctl,
     minilm_path,
+    slow_except,
     swag_records,
     write_jsonl,
 )
@@ -83,6 +84,7 @@ def test_resume_says_the_head_comes_from_the_checkpoint(
     assert "are restored from checkpoint-1" in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_re_evaluating_a_run_is_quiet_and_matches_training(
     tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path
 ) -> None:
@@ -111,7 +113,7 @@ def test_re_evaluating_a_run_is_quiet_and_matches_training(
     assert any("replacing" in line for line in warnings_of(proc)), proc.stderr
 
 
-@pytest.mark.parametrize("engine", ["trainer", "accelerate"])
+@pytest.mark.parametrize("engine", slow_except(["trainer", "accelerate"], "trainer"))
 def test_totals_after_a_resume_cover_the_whole_run(
     tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path, engine: str
 ) -> None:
@@ -179,6 +181,7 @@ def test_missing_data_is_one_problem(tmp_path: Path, bpe_tokenizer: Path) -> Non
     assert "--do-train needs training data" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_cache_messages_compare_only_with_the_same_data(
     tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path, wordpiece_tokenizer: Path
 ) -> None:

@@ -13,7 +13,7 @@ import pytest
 from lmctl.config.loader import build_config
 from lmctl.errors import ConfigError
 from lmctl.objectives.clm import ClmConfig
-from tests.conftest import TINY_BERT, TINY_GPT2, lmctl
+from tests.conftest import TINY_BERT, TINY_GPT2, lmctl, slow_except
 
 
 def test_length_grouped_epochs_are_permutations_replayable_by_epoch() -> None:
@@ -231,7 +231,7 @@ def _final(run: Path) -> dict[str, Any]:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("engine", ["trainer", "accelerate"])
+@pytest.mark.parametrize("engine", slow_except(["trainer", "accelerate"], "trainer"))
 def test_mlm_loss_with_length_grouping_matches_random_batches(
     tmp_path: Path, text_files: tuple[Path, Path], wordpiece_tokenizer: Path, engine: str
 ) -> None:
@@ -254,7 +254,7 @@ def test_mlm_loss_with_length_grouping_matches_random_batches(
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("engine", ["trainer", "accelerate"])
+@pytest.mark.parametrize("engine", slow_except(["trainer", "accelerate"], "trainer"))
 def test_bf16_loss_curve_stays_within_tolerance_of_fp32(
     tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path, engine: str
 ) -> None:

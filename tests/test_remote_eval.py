@@ -58,6 +58,7 @@ def test_eval_of_a_run_pushed_to_s3(
     assert saved == local_metrics
 
 
+@pytest.mark.slow
 def test_eval_of_a_model_directory_on_s3_with_data_on_s3(
     tiny_clm_run: Path,
     s3_store: S3Store,

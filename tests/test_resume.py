@@ -21,7 +21,7 @@ from lmctl.engine import ENGINES
 from lmctl.objectives.clm import ClmConfig
 from lmctl.run import rundir
 from lmctl.storage import atomic
-from tests.conftest import corpus_lines, lmctl
+from tests.conftest import corpus_lines, lmctl, slow_except
 
 MAX_STEPS = 40
 SAVE_STEPS = 10
@@ -256,7 +256,12 @@ def _max_weight_diff(a: Path, b: Path) -> float:
     return max(float((left[key] - right[key]).abs().max()) for key in left)
 
 
-@pytest.fixture(scope="module", params=list(ENGINES))
+@pytest.fixture(
+    scope="module",
+    # The accelerate engine's interrupt and resume run in the default tier in
+    # test_engine_accelerate.py; here it runs with the slow tier.
+    params=slow_except(ENGINES, "trainer"),
+)
 def reference(
     request: pytest.FixtureRequest, small_train_file: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, Path]:

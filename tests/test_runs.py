@@ -59,6 +59,7 @@ def kill_after_checkpoint(args: list[str], out: Path, cwd: Path) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_runs_lists_a_finished_and_an_interrupted_run(
     bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path
 ) -> None:

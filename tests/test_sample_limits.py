@@ -36,9 +36,12 @@ def gapped_lines(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     "case",
     [
         ("clm", TINY_GPT2, ["--block-size", "32"]),
-        ("mlm", TINY_BERT, ["--max-seq-length", "32"]),
+        pytest.param(("mlm", TINY_BERT, ["--max-seq-length", "32"]), marks=pytest.mark.slow),
         ("mlm", TINY_BERT, ["--max-seq-length", "32", "--line-by-line"]),
-        ("plm", TINY_XLNET, ["--max-seq-length", "32", "--line-by-line"]),
+        pytest.param(
+            ("plm", TINY_XLNET, ["--max-seq-length", "32", "--line-by-line"]),
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["clm-blocks", "mlm-blocks", "mlm-lines", "plm-lines"],
 )
@@ -69,6 +72,7 @@ def test_limits_count_model_samples(
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_swag_limits_count_examples(
     swag_files: tuple[Path, Path], wordpiece_tokenizer: Path, tmp_path: Path
 ) -> None:
@@ -88,6 +92,7 @@ def test_swag_limits_count_examples(
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_prepared_cache_holds_whole_splits(
     gapped_lines: tuple[Path, Path], bpe_tokenizer: Path, tmp_path: Path
 ) -> None:

@@ -55,6 +55,7 @@ def train_args(
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_library_output_goes_to_stderr_for_train_resume_and_eval(
     tmp_path: Path,
     text_files: tuple[Path, Path],
