@@ -96,3 +96,38 @@ def test_write_blocks_is_upstream_grouping(
     assert [t for row in blocks["input_ids"] for t in row] == flat[:usable]
     assert [m for row in blocks["special_tokens_mask"] for m in row] == mask[:usable]
     assert not list(tmp_path.glob(".*")), "token scratch files are removed"
+
+
+@pytest.mark.parametrize("special_tokens_mask", [False, True])
+@pytest.mark.parametrize("truncation_side", ["right", "left"])
+def test_line_writer_matches_the_tokenizer_through_datasets_map(
+    wordpiece_tokenizer: Any, tmp_path: Path, special_tokens_mask: bool, truncation_side: str
+) -> None:
+    """The fast line-by-line writer gives the samples (columns, types, values) that
+    ``Dataset.map`` with the tokenizer gives: blank lines skipped, long lines truncated."""
+    from functools import partial
+
+    import datasets
+
+    from lmctl.data.tokens import LineEncoder, write_lines
+    from lmctl.objectives.common import _tokenize
+
+    wordpiece_tokenizer.truncation_side = truncation_side
+    long_line = " ".join(corpus_lines()[:40])
+    texts = [*TEXTS, long_line, "   \t", *corpus_lines()[:3000], None]
+    dataset = datasets.Dataset.from_dict({"text": texts})
+    options = {"special_tokens_mask": special_tokens_mask, "offsets": False, "max_length": 24}
+    expected = dataset.map(
+        partial(_tokenize, tokenizer=wordpiece_tokenizer, column="text", **options),
+        batched=True,
+        remove_columns=["text"],
+        load_from_cache_file=False,
+        cache_file_name=str(tmp_path / "map.arrow"),
+    )
+    encoder = LineEncoder(wordpiece_tokenizer, 24, special_tokens_mask=special_tokens_mask)
+    texts_read, samples = write_lines(dataset, "text", encoder, tmp_path / "fast.arrow")
+    written = datasets.Dataset.from_file(str(tmp_path / "fast.arrow"))
+    assert (texts_read, samples) == (len(texts), len(expected))
+    assert written.features == expected.features
+    assert written[:] == expected[:]
+    assert max(map(len, written["input_ids"])) == 24

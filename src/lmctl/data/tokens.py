@@ -1,4 +1,5 @@
-"""Fast tokenization into flat token arrays, cut into fixed-size blocks.
+"""Fast tokenization into flat token arrays, cut into fixed-size blocks or kept one sample per
+line (``--line-by-line``).
 
 The prepared-data cache (:mod:`lmctl.data.prepared`) and streaming (:mod:`lmctl.data.stream`) share
 these pieces. They are fast because nothing is built that the model does not need: the
@@ -133,16 +134,8 @@ class TextEncoder:
 
     def encode_stream(self, batches: Iterable[list[str]]) -> Iterator[Encoded]:
         """Encode batches in order, encoding batch k+1 while batch k is being consumed."""
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmctl-encode") as pool:
-            pending: deque[Any] = deque()
-            for batch in batches:
-                if not batch:
-                    continue
-                pending.append(pool.submit(self.encode_raw, batch))
-                if len(pending) > 1:
-                    yield self.flatten(pending.popleft().result())
-            while pending:
-                yield self.flatten(pending.popleft().result())
+        for raw in _in_order_one_ahead(self.encode_raw, batches):
+            yield self.flatten(raw)
 
 
 class BlockCutter:
@@ -362,3 +355,114 @@ def _run_in_processes(jobs: list[RangeJob]) -> None:
     with forked_workers(), ProcessPoolExecutor(max_workers=len(jobs), mp_context=context) as pool:
         for _ in pool.map(tokenize_range, jobs):
             pass
+
+
+#: Columns of a line-by-line sample besides ``input_ids``, as ``tokenizer(texts)`` returns them.
+_LINE_COLUMNS = ("token_type_ids", "attention_mask")
+
+
+class LineEncoder:
+    """Encodes texts one sample each, truncated to ``max_length`` with the tokenizer's special
+    tokens, exactly as ``tokenizer(texts, truncation=True, max_length=max_length)`` would, but
+    straight into flat arrays and row offsets (no Python lists per token field)."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, max_length: int, *, special_tokens_mask: bool
+    ) -> None:
+        self.columns = ["input_ids"]
+        self.columns += [name for name in _LINE_COLUMNS if name in tokenizer.model_input_names]
+        if special_tokens_mask:
+            self.columns.append("special_tokens_mask")
+        self._backend: Any = None
+        self._tokenizer = tokenizer
+        self.max_length = max_length
+
+    @staticmethod
+    def supports(tokenizer: PreTrainedTokenizerBase) -> bool:
+        return getattr(tokenizer, "backend_tokenizer", None) is not None
+
+    def _fast_backend(self) -> Any:
+        if self._backend is None:
+            from tokenizers import Tokenizer
+
+            tokenizer = self._tokenizer
+            backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+            backend.no_padding()
+            backend.enable_truncation(
+                self.max_length,
+                stride=0,
+                strategy="longest_first",
+                direction=tokenizer.truncation_side,
+            )
+            backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+            self._backend = backend
+        return self._backend
+
+    def encode(self, texts: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Each column as (values, row offsets) for the ``texts`` (none of them blank)."""
+        import numpy as np
+
+        encodings = self._fast_backend().encode_batch_fast(texts, add_special_tokens=True)
+        lengths = np.fromiter(map(len, encodings), dtype=np.int32, count=len(encodings))
+        offsets = np.zeros(len(encodings) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for name in self.columns:
+            if name == "attention_mask":
+                out[name] = (np.ones(total, dtype=MASK_DTYPE), offsets)
+                continue
+            field = {"input_ids": "ids", "token_type_ids": "type_ids"}.get(name, name)
+            dtype = IDS_DTYPE if name == "input_ids" else MASK_DTYPE
+            values = chain.from_iterable(getattr(e, field) for e in encodings)
+            out[name] = (np.fromiter(values, dtype=dtype, count=total), offsets)
+        return out
+
+
+def line_features(columns: list[str]) -> Any:
+    from datasets import Features, List, Value
+
+    return Features(
+        {name: List(Value(IDS_DTYPE if name == "input_ids" else MASK_DTYPE)) for name in columns}
+    )
+
+
+def write_lines(dataset: Dataset, column: str, encoder: LineEncoder, path: Path) -> tuple[int, int]:
+    """Tokenize a text column one sample per non-blank text into the Arrow file ``path``;
+    returns (texts, samples)."""
+    import pyarrow as pa
+
+    schema = line_features(encoder.columns).arrow_schema
+    samples = 0
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        batches = texts_in_batches(dataset, column, 0, len(dataset))
+        kept = ([text for text in batch if text and not text.isspace()] for batch in batches)
+        for encoded in _in_order_one_ahead(encoder.encode, kept):
+            samples += _write_line_batch(writer, schema, encoded)
+    return len(dataset), samples
+
+
+def _in_order_one_ahead(work: Any, batches: Iterable[list[str]]) -> Iterator[Any]:
+    """``work`` of each non-empty batch, in order; batch k+1 is worked on in a thread while
+    the result of batch k is consumed (the tokenizer releases the GIL)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmctl-encode") as pool:
+        pending: deque[Any] = deque()
+        for batch in batches:
+            if not batch:
+                continue
+            pending.append(pool.submit(work, batch))
+            if len(pending) > 1:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def _write_line_batch(writer: Any, schema: Any, encoded: dict[str, Any]) -> int:
+    import pyarrow as pa
+
+    arrays = [
+        pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+        for values, offsets in encoded.values()
+    ]
+    writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
+    return len(arrays[0])

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 from lmctl.config.base import TrainConfig
 from lmctl.config.fields import PANEL_OBJECTIVE, option
 from lmctl.data.load import cached_map, group_into_blocks, text_column, tokenizer_fingerprint
+from lmctl.data.tokens import LineEncoder, write_lines
 from lmctl.errors import DataError
 from lmctl.models.build import max_positions
 
@@ -356,6 +357,14 @@ def tokenize_lines(
         where = split_source(config, split)
         column = text_column(dataset, config.text_column, where)
         workers = config.preprocessing_num_workers
+        if _fast_lines(tokenizer, workers, options):
+            texts, count = write_lines(
+                dataset,
+                column,
+                LineEncoder(tokenizer, max_length, special_tokens_mask=special_tokens_mask),
+                path,
+            )
+            return _line_stats(split, where, texts, count, max_length=max_length, console=console)
         samples = dataset.map(
             partial(_tokenize, tokenizer=tokenizer, column=column, **options),
             batched=True,
@@ -367,17 +376,9 @@ def tokenize_lines(
         )
         if workers and workers > 1:
             samples = samples.flatten_indices(cache_file_name=str(path))
-        if len(samples) == 0:
-            raise DataError(
-                f"{where}: no non-empty lines ({len(dataset)} blank)",
-                "give data with text in it",
-            )
-        skipped = len(dataset) - len(samples)
-        console.info(
-            f"{split}: {len(dataset)} lines -> {len(samples)} samples of at most {max_length} "
-            f"tokens ({skipped} blank skipped)"
+        return _line_stats(
+            split, where, len(dataset), len(samples), max_length=max_length, console=console
         )
-        return {"texts": len(dataset), "samples": len(samples), "blank": skipped}
 
     return prepared_splits(
         config,
@@ -388,6 +389,29 @@ def tokenize_lines(
         text_options=text_options_of(config),
         build=build,
     )
+
+
+def _fast_lines(
+    tokenizer: PreTrainedTokenizerBase, workers: int | None, options: dict[str, Any]
+) -> bool:
+    """Whether line-by-line samples can be written by the fast line writer (a Rust tokenizer,
+    one process, no offsets or fixed-length padding); it gives the same samples as
+    ``Dataset.map`` with the tokenizer, which does the rest."""
+    plain = not options["offsets"] and not options["pad_to_max_length"]
+    return plain and (workers or 1) == 1 and LineEncoder.supports(tokenizer)
+
+
+def _line_stats(
+    split: str, where: str, texts: int, samples: int, *, max_length: int, console: Console
+) -> dict[str, Any]:
+    if samples == 0:
+        raise DataError(f"{where}: no non-empty lines ({texts} blank)", "give data with text in it")
+    skipped = texts - samples
+    console.info(
+        f"{split}: {texts} lines -> {samples} samples of at most {max_length} tokens "
+        f"({skipped} blank skipped)"
+    )
+    return {"texts": texts, "samples": samples, "blank": skipped}
 
 
 def tokenize_texts(
