@@ -293,6 +293,35 @@ def _interrupt(engine: str, train_file: Path, out: Path, sig: int) -> Path:
 
 
 @pytest.mark.e2e
+def test_killed_before_the_final_save_finishes_with_the_run_totals(
+    reference: tuple[str, Path], small_train_file: Path, tmp_path: Path
+) -> None:
+    """Killed after its last checkpoint, before the final model is committed: resume trains
+    no step and writes the final model and the whole run's training results, the same as the
+    uninterrupted run's."""
+    engine, ref = reference
+    out = tmp_path / "run"
+    pause = {atomic.TEST_PAUSE_ENV: f"{rundir.MODEL_STAGING}:300"}
+    proc = _start(_train_args(small_train_file, engine, out), **pause)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if f"before committing {rundir.MODEL_STAGING}" in line:
+            break
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert (out / f"checkpoint-{MAX_STEPS}").is_dir()
+    assert not (out / "train_results.json").exists()
+    resumed = _resume(out)
+    assert "the checkpoint was already at the last step" in resumed.stderr
+    got = json.loads((out / "train_results.json").read_text())
+    want = json.loads((ref / "train_results.json").read_text())
+    assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-6)
+    assert got["train_samples"] == want["train_samples"]
+    assert json.loads((out / "all_results.json").read_text())["train_loss"] == got["train_loss"]
+    assert _max_weight_diff(ref, out) == 0.0
+
+
+@pytest.mark.e2e
 def test_sigterm_saves_checkpoint(
     reference: tuple[str, Path], small_train_file: Path, tmp_path: Path
 ) -> None:

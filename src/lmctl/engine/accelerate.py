@@ -30,6 +30,7 @@ from lmctl.engine.common import (
     RunTotals,
     StepReporter,
     any_process,
+    recorded_totals,
     resolve_resume,
     whole_run,
 )
@@ -295,18 +296,19 @@ class AccelerateRun:
                 self.save_checkpoint()
             epoch, batches_done = epoch + 1, 0
         if checkpoint is not None and not self._session_steps:
-            # Resumed right at the end: no step was left, so there are no new training metrics.
+            # Resumed right at the end: no step was left, so the run's training metrics are
+            # the totals its checkpoint recorded.
             self.console.info("the checkpoint was already at the last step; finishing the run")
-            self.reporter.end()
-            self._save_model()
-            return EngineResult(global_step=state.global_step, resumed_from=checkpoint)
-        train_metrics = whole_run(self._train_metrics(), self._totals_before, state.global_step)
+            train_metrics = recorded_totals(self._totals_before)
+        else:
+            train_metrics = whole_run(self._train_metrics(), self._totals_before, state.global_step)
         self.reporter.end()
         self._save_model()
         dataset_size = _length(self.prepared.train_dataset)
-        train_metrics["train_samples"] = (
-            dataset_size if dataset_size is not None else int(self._update_totals()["samples"])
-        )
+        if train_metrics:
+            train_metrics["train_samples"] = (
+                dataset_size if dataset_size is not None else int(self._update_totals()["samples"])
+            )
         return EngineResult(
             train_metrics=train_metrics, global_step=state.global_step, resumed_from=checkpoint
         )

@@ -102,6 +102,17 @@ def whole_run(
     return out
 
 
+def recorded_totals(before: RunTotals | None) -> dict[str, Any]:
+    """The end-of-training metrics of a run resumed at its last step, with nothing left to
+    train: the totals its checkpoint recorded (none when it recorded none)."""
+    if before is None or before.steps <= 0:
+        return {}
+    return {
+        "train_loss": before.loss_sum / before.steps,
+        "train_runtime": round(before.runtime, 4),
+    }
+
+
 class StepReporter:
     """Turns engine events into progress updates and ``metrics.jsonl`` records."""
 

@@ -20,6 +20,7 @@ from lmctl.engine.common import (
     RunTotals,
     StepReporter,
     any_process,
+    recorded_totals,
     resolve_resume,
     whole_run,
 )
@@ -539,13 +540,15 @@ def _train_and_evaluate(
             result.checkpoint = rundir.latest_checkpoint(prepared.run_dir)
             return result
         if checkpoint is not None and trainer.state.global_step <= _step_of(checkpoint):
-            # Interrupted right at the end: nothing was left to train, so there are no new
-            # training metrics (the Trainer would report a loss of 0).
+            # Interrupted right at the end: nothing was left to train, so the run's training
+            # metrics are the totals its checkpoint recorded (the Trainer would report 0).
             console.info("the checkpoint was already at the last step; finishing the run")
+            result.train_metrics = recorded_totals(trainer.run_totals)
         else:
             result.train_metrics = whole_run(
                 dict(output.metrics), trainer.run_totals, trainer.state.global_step
             )
+        if result.train_metrics:
             result.train_metrics["train_samples"] = _train_samples(prepared, args, trainer)
         _save_final_model(trainer, prepared.run_dir)
     if config.do_eval:
