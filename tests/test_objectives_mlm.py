@@ -113,6 +113,31 @@ def test_masks_never_hit_special_or_padding_tokens(
     assert labelled and not special & set(labelled)
 
 
+def test_a_batch_with_no_drawn_mask_gets_one_masked_token(
+    tmp_path: Path, wordpiece_tokenizer: Path
+) -> None:
+    """With nothing drawn, the batch's loss would be a mean over no target (NaN): one of its
+    non-special tokens is masked instead, and the rest stay as they were."""
+    train = tmp_path / "t.txt"
+    train.write_text("x\n")
+    tokenizer = _tokenizer(wordpiece_tokenizer)
+    config = _config(train, line_by_line=True, mlm_probability=1e-9)
+    collator = OBJECTIVE.collator(config, tokenizer)
+    features = _features(tokenizer, ["the king", "long live the king"])
+    original = [list(f["input_ids"]) for f in features]
+    for _ in range(5):
+        batch = collator([dict(f) for f in features])
+        where = (batch["labels"] != -100).nonzero().tolist()
+        assert len(where) == 1
+        (row, column) = where[0]
+        assert batch["input_ids"][row, column] == tokenizer.mask_token_id
+        assert batch["labels"][row, column] == original[row][column]
+        assert original[row][column] not in tokenizer.all_special_ids
+        kept = batch["input_ids"].clone()
+        kept[row, column] = original[row][column]
+        assert [ids[: len(o)] for ids, o in zip(kept.tolist(), original, strict=True)] == original
+
+
 def test_whole_word_mask_masks_every_piece_of_a_word(
     tmp_path: Path, wordpiece_tokenizer: Path
 ) -> None:

@@ -62,7 +62,12 @@ class MlmConfig(LineByLineConfig):
 
 
 class PaddedMaskingCollator:
-    """Pads a batch (offset mappings included), then lets transformers draw the masks."""
+    """Pads a batch (offset mappings included), then lets transformers draw the masks.
+
+    A batch in which no token was drawn (a few short lines) has no target, and its loss is a
+    mean over nothing: NaN, which would poison the weights. Such a batch gets one token, drawn
+    among its non-special ones, replaced by the mask token.
+    """
 
     def __init__(self, masking: Any, tokenizer: PreTrainedTokenizerBase, multiple_of: int) -> None:
         self.masking = masking
@@ -70,7 +75,20 @@ class PaddedMaskingCollator:
         self.multiple_of = multiple_of
 
     def __call__(self, features: list[dict[str, Any]]) -> Any:
-        return self.masking(pad_features(features, self.tokenizer, self.multiple_of))
+        batch = self.masking(pad_features(features, self.tokenizer, self.multiple_of))
+        labels = batch["labels"]
+        if bool((labels != -100).any()):
+            return batch
+        import torch
+
+        ids = batch["input_ids"]
+        special = torch.tensor(self.tokenizer.all_special_ids, dtype=ids.dtype)
+        candidates = (~torch.isin(ids, special)).nonzero()
+        if len(candidates):
+            row, column = candidates[int(torch.randint(len(candidates), (1,)))].tolist()
+            labels[row, column] = ids[row, column]
+            ids[row, column] = self.tokenizer.mask_token_id
+        return batch
 
 
 class Mlm(Objective):
