@@ -399,3 +399,50 @@ def tiny_clm_run(
     proc = lmctl(*tiny_clm_args(bpe_tokenizer, text_files, "--output-dir", out))
     assert proc.returncode == 0, proc.stderr
     return out
+
+
+# The reliability tier's summary line (tests/reliability/harness.py), whether its tests ran in
+# this process or in pytest-xdist workers, which hand their figures to the controller.
+_TALLY_KEY = "reliability_tally"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    harness = sys.modules.get("tests.reliability.harness")
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if harness is None or workeroutput is None:
+        return
+    import resource
+    from dataclasses import asdict
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    harness.TALLY.pytest_cpu += own.ru_utime + own.ru_stime
+    workeroutput[_TALLY_KEY] = asdict(harness.TALLY)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    figures = getattr(node, "workeroutput", {}).get(_TALLY_KEY)
+    if figures:
+        from tests.reliability.harness import TALLY
+
+        TALLY.add(figures)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    harness = sys.modules.get("tests.reliability.harness")
+    if harness is None or not harness.TALLY.cases:
+        return
+    tally = harness.TALLY
+    if not hasattr(terminalreporter.config, "workerinput") and not tally.pytest_cpu:
+        import resource
+
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        tally.pytest_cpu = own.ru_utime + own.ru_stime
+    terminalreporter.section("reliability summary")
+    for note in tally.notes:
+        terminalreporter.write_line(note)
+    terminalreporter.write_line(
+        f"reliability: CPU seconds: pytest {tally.pytest_cpu:.0f}, "
+        f"forked commands {tally.forked_cpu:.0f} (killed ones not counted)"
+    )
+    terminalreporter.write_line(tally.line())

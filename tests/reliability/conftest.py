@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import corpus_lines, swag_records, write_jsonl
-from tests.reliability.harness import TALLY, forked
+from tests.reliability.harness import forked
 
 HERE = Path(__file__).parent
 
@@ -27,22 +27,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if HERE in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.reliability)
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not TALLY.cases:
-        return
-    terminalreporter.section("reliability summary")
-    for note in TALLY.notes:
-        terminalreporter.write_line(note)
-    import resource
-
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    terminalreporter.write_line(
-        f"reliability: CPU seconds: pytest {own.ru_utime + own.ru_stime:.0f}, "
-        f"forked commands {TALLY.forked_cpu:.0f} (killed ones not counted)"
-    )
-    terminalreporter.write_line(TALLY.line())
 
 
 @pytest.fixture(scope="session")

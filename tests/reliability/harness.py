@@ -72,7 +72,14 @@ class Tally:
     secrets: int = 0
     #: CPU seconds of the forked commands that ran to their end (not of killed ones)
     forked_cpu: float = 0.0
+    #: CPU seconds of the pytest processes themselves
+    pytest_cpu: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+    def add(self, other: dict[str, Any]) -> None:
+        """Add the figures of another process's tally (``dataclasses.asdict`` of it)."""
+        for name, value in other.items():
+            setattr(self, name, getattr(self, name) + value)
 
     def line(self) -> str:
         return (
