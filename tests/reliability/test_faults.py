@@ -115,7 +115,9 @@ def test_sigkill_during_checkpoint_save(
     moments = []
     for trial in range(TRIALS):
         latest = rundir.latest_checkpoint(run)
-        start = rundir.checkpoint_step(latest) if latest else 0
+        # A fresh run is killed in its second save or later: killed in its first, it would
+        # have no checkpoint to resume from.
+        start = rundir.checkpoint_step(latest) if latest else FAULT_SAVE_STEPS
         target = rng.choice(range(start + FAULT_SAVE_STEPS, FAULT_STEPS + 1, FAULT_SAVE_STEPS))
         delay = rng.uniform(0, 0.2)
         name = f"checkpoint-{target}"
