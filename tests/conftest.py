@@ -143,29 +143,23 @@ def slow_except(values: Iterable[Any], default: Any) -> list[Any]:
 
 def tiny_clm_args(
     tokenizer: Path,
-    text_files: tuple[Path, Path],
+    text_files: tuple[Path, Path | None],
     *extra: str | Path,
-    block_size: int = 64,
-    steps: int = 4,
+    block_size: int | None = 64,
+    steps: int | None = 4,
 ) -> list[str | Path]:
-    """``train clm`` of the tiny GPT-2 on the test texts, with ``extra`` flags after."""
+    """``train clm`` of the tiny GPT-2 on the test texts (no validation file when its path is
+    None; no --block-size or --max-steps when they are None), with ``extra`` flags after."""
     train, valid = text_files
-    return [
-        "train",
-        "clm",
-        *TINY_GPT2,
-        "--tokenizer-name",
-        tokenizer,
-        "--train-file",
-        train,
-        "--validation-file",
-        valid,
-        "--block-size",
-        str(block_size),
-        "--max-steps",
-        str(steps),
-        *extra,
-    ]
+    args: list[str | Path] = ["train", "clm", *TINY_GPT2, "--tokenizer-name", tokenizer]
+    args += ["--train-file", train]
+    if valid is not None:
+        args += ["--validation-file", valid]
+    if block_size is not None:
+        args += ["--block-size", str(block_size)]
+    if steps is not None:
+        args += ["--max-steps", str(steps)]
+    return [*args, *extra]
 
 
 @dataclass

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_GPT2, assert_clean_failure, lmctl, without_packages
+from tests.conftest import (
+    assert_clean_failure,
+    lmctl,
+    tiny_clm_args,
+    without_packages,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -17,20 +22,9 @@ Case = Callable[[Path, Path, Path], list[str | Path]]
 
 
 def _train(tmp: Path, train: Path, tokenizer: Path, *extra: str | Path) -> list[str | Path]:
-    return [
-        "train",
-        "clm",
-        *TINY_GPT2,
-        "--tokenizer-name",
-        tokenizer,
-        "--train-file",
-        train,
-        "--max-steps",
-        "1",
-        "--output-dir",
-        tmp / "run",
-        *extra,
-    ]
+    return tiny_clm_args(
+        tokenizer, (train, None), "--output-dir", tmp / "run", *extra, block_size=None, steps=1
+    )
 
 
 def _deepspeed_config(tmp: Path, train: Path, tokenizer: Path) -> list[str | Path]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_GPT2, assert_clean_failure, lmctl
+from tests.conftest import assert_clean_failure, lmctl, tiny_clm_args
 
 pytestmark = pytest.mark.e2e
 
@@ -24,23 +24,9 @@ def checksums(root: Path) -> dict[str, str]:
 def tiny_run(
     out: Path, text_files: tuple[Path, Path], tokenizer: Path, *extra: str, cwd: Path
 ) -> list[str | Path]:
-    train, valid = text_files
-    return [
-        "train",
-        "clm",
-        *TINY_GPT2,
-        "--tokenizer-name",
-        tokenizer,
-        "--train-file",
-        train,
-        "--validation-file",
-        valid,
-        "--block-size",
-        "32",
-        "--output-dir",
-        out,
-        *extra,
-    ]
+    return tiny_clm_args(
+        tokenizer, text_files, "--output-dir", out, *extra, block_size=32, steps=None
+    )
 
 
 def test_a_project_folder_is_never_emptied(

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import TINY_GPT2, S3Store, free_port, lmctl
+from tests.conftest import S3Store, free_port, lmctl, tiny_clm_args
 
 pytestmark = pytest.mark.e2e
 
@@ -24,25 +24,9 @@ HUB_OFFLINE = {"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "HF_HUB_OFFLINE
 
 
 def _train_args(tokenizer: Path, train: Path, valid: Path, out: Path) -> list[str | Path]:
-    return [
-        "train",
-        "clm",
-        *TINY_GPT2,
-        "--tokenizer-name",
-        tokenizer,
-        "--train-file",
-        train,
-        "--validation-file",
-        valid,
-        "--block-size",
-        "64",
-        "--max-steps",
-        "10",
-        "--save-steps",
-        "5",
-        "--output-dir",
-        out,
-    ]
+    return tiny_clm_args(
+        tokenizer, (train, valid), "--save-steps", "5", "--output-dir", out, steps=10
+    )
 
 
 @pytest.fixture(scope="session")

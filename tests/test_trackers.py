@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_GPT2, lmctl
+from tests.conftest import lmctl, tiny_clm_args
 
 ENGINES = ("trainer", "accelerate")
 #: The eval loss key each engine logs to a tracker.
@@ -28,27 +28,20 @@ def tiny_run(
     *,
     env: dict[str, str],
 ) -> dict[str, float]:
-    train, valid = data
-    proc = lmctl(
-        "train",
-        "clm",
-        *TINY_GPT2,
-        "--tokenizer-name",
+    args = tiny_clm_args(
         tokenizer,
-        "--train-file",
-        train,
-        "--validation-file",
-        valid,
+        data,
         "--max-train-samples",
         "64",
         "--max-eval-samples",
         "8",
-        "--block-size",
-        "32",
         "--per-device-train-batch-size",
         "4",
-        "--max-steps",
-        "4",
+        block_size=32,
+        steps=4,
+    )
+    proc = lmctl(
+        *args,
         "--logging-steps",
         "1",
         "--save-strategy",
