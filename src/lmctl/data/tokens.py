@@ -51,6 +51,29 @@ class Encoded:
     mask: np.ndarray | None
 
 
+def rust_backend(tokenizer: PreTrainedTokenizerBase, truncate_to: int | None) -> Any:
+    """A private copy of a fast tokenizer's Rust backend, without padding, that truncates as
+    ``tokenizer(..., truncation=True, max_length=truncate_to)`` does (None: not at all) and
+    splits special tokens as the tokenizer says."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_padding()
+    if truncate_to is None:
+        backend.no_truncation()
+    else:
+        backend.enable_truncation(
+            truncate_to, stride=0, strategy="longest_first", direction=tokenizer.truncation_side
+        )
+    backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+    return backend
+
+
+def is_blank(text: Any) -> bool:
+    """A missing, empty or whitespace-only text: it gives no line-by-line sample."""
+    return not isinstance(text, str) or not text or text.isspace()
+
+
 class TextEncoder:
     """Encodes lists of texts into flat token arrays, exactly as ``tokenizer(texts)`` would.
 
@@ -68,19 +91,8 @@ class TextEncoder:
     def _fast_backend(self) -> Any:
         """A private copy of the Rust tokenizer without truncation or padding, or None."""
         if self._backend is None:
-            source = getattr(self.tokenizer, "backend_tokenizer", None)
-            if source is None:
-                self._backend = False
-            else:
-                from tokenizers import Tokenizer
-
-                backend = Tokenizer.from_str(source.to_str())
-                backend.no_truncation()
-                backend.no_padding()
-                backend.encode_special_tokens = bool(
-                    getattr(self.tokenizer, "split_special_tokens", False)
-                )
-                self._backend = backend
+            has_backend = getattr(self.tokenizer, "backend_tokenizer", None) is not None
+            self._backend = rust_backend(self.tokenizer, None) if has_backend else False
         return self._backend or None
 
     def encode_raw(self, texts: list[str]) -> tuple[Any, list[int] | None]:
@@ -383,19 +395,7 @@ class LineEncoder:
 
     def _fast_backend(self) -> Any:
         if self._backend is None:
-            from tokenizers import Tokenizer
-
-            tokenizer = self._tokenizer
-            backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-            backend.no_padding()
-            backend.enable_truncation(
-                self.max_length,
-                stride=0,
-                strategy="longest_first",
-                direction=tokenizer.truncation_side,
-            )
-            backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
-            self._backend = backend
+            self._backend = rust_backend(self._tokenizer, self.max_length)
         return self._backend
 
     def encode(self, texts: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -436,7 +436,7 @@ def write_lines(dataset: Dataset, column: str, encoder: LineEncoder, path: Path)
     samples = 0
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         batches = texts_in_batches(dataset, column, 0, len(dataset))
-        kept = ([text for text in batch if text and not text.isspace()] for batch in batches)
+        kept = ([text for text in batch if not is_blank(text)] for batch in batches)
         for encoded in _in_order_one_ahead(encoder.encode, kept):
             samples += _write_line_batch(writer, schema, encoded)
     return len(dataset), samples

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 from lmctl.config.base import TrainConfig
 from lmctl.config.fields import PANEL_OBJECTIVE, option
 from lmctl.data.load import cached_map, group_into_blocks, text_column, tokenizer_fingerprint
-from lmctl.data.tokens import LineEncoder, write_lines
+from lmctl.data.tokens import LineEncoder, is_blank, write_lines
 from lmctl.errors import DataError
 from lmctl.models.build import max_positions
 
@@ -124,10 +124,6 @@ def resolve_sequence_length(
     return length
 
 
-def _is_blank(text: Any) -> bool:
-    return not isinstance(text, str) or not text or text.isspace()
-
-
 def _tokenize(
     examples: dict[str, list[Any]],
     *,
@@ -149,7 +145,7 @@ def _tokenize(
         encoded = tokenizer(texts, return_attention_mask=False, **extras)
         keep = ["input_ids"]
     else:
-        kept = [text for text in texts if not _is_blank(text)]
+        kept = [text for text in texts if not is_blank(text)]
         # A batch of blank lines only gives no sample, with the same columns as the others.
         encoded = tokenizer(
             kept or [""],
