@@ -179,13 +179,17 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 
 
 def write_text_of_size(path: Path, megabytes: float, seed: int = 0) -> Path:
+    """About ``megabytes`` of unique lines (whole lines: at least one)."""
     target = int(megabytes * 2**20)
     written = chunk = 0
     with path.open("w", encoding="utf-8") as handle:
         while written < target:
-            text = "\n".join(text_lines(20_000, seed + chunk)).replace("\n", f"\n{chunk}:") + "\n"
-            handle.write(text)
-            written += len(text.encode())
+            for line in text_lines(20_000, seed + chunk):
+                text = f"{chunk}:{line}\n"
+                handle.write(text)
+                written += len(text.encode())
+                if written >= target:
+                    break
             chunk += 1
     return path
 

@@ -29,6 +29,7 @@ from lmctl.config.base import TrainConfig
 from lmctl.config.fields import flag_name
 from lmctl.errors import ConfigError, Interrupted, ModelError
 from lmctl.metrics import loss_metrics
+from lmctl.metrics.lm_head import TiledHead
 from lmctl.models.build import looks_like_path
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import rundir
@@ -338,8 +339,10 @@ def evaluate_prepared(prepared: Prepared, console: Console) -> dict[str, Any]:
     """Loss, perplexity and the objective's accuracy over the evaluation split.
 
     Loss is the per-sample-weighted mean of batch losses, as the Trainer reports
-    ``eval_loss``; accuracy comes from the objective's per-batch counters, and the model runs
-    one sample at a time, so only one sample's logits are ever held.
+    ``eval_loss``; accuracy comes from the objective's per-batch counters. A causal LM whose
+    logits are its output layer applied to its body's last hidden states is scored tile by
+    tile (:mod:`lmctl.metrics.lm_head`: the full logits never exist); any other model runs one
+    sample at a time, so only one sample's logits are ever held.
     """
     import torch
     from torch.utils.data import DataLoader
@@ -360,6 +363,9 @@ def evaluate_prepared(prepared: Prepared, console: Console) -> dict[str, Any]:
     )
     model_inputs = _model_inputs(model)
     metrics = prepared.objective.metrics()
+    shifted = prepared.objective.shifts_labels
+    tiled: TiledHead | None = None
+    checked = False
     # Same random state for every evaluation, whatever loading consumed before.
     set_seed(config.seed)
     total = 0.0
@@ -374,7 +380,15 @@ def evaluate_prepared(prepared: Prepared, console: Console) -> dict[str, Any]:
                 k: v.to(device) if hasattr(v, "to") else v for k, v in model_inputs(batch).items()
             }
             size = int(inputs["labels"].shape[0])
-            total += _batch_loss(model, inputs, metrics, prepared.objective.shifts_labels) * size
+            if shifted and not checked:
+                tiled, checked = TiledHead.of(model, inputs), True
+            if tiled is not None:
+                scores = tiled.scores(inputs)
+                metrics.add(scores.right, scores.scored)
+                loss = scores.loss_sum / scores.scored if scores.scored else math.nan
+            else:
+                loss = _batch_loss(model, inputs, metrics, shifted)
+            total += loss * size
             samples += size
             del inputs
             console.update_progress(step, {}, log_line=False)

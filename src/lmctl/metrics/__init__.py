@@ -47,8 +47,12 @@ class BatchMetrics:
     def update(self, outputs: Any, labels: Any) -> None:
         """Score one batch: logits or the argmax predictions of :func:`predictions_of`."""
         predictions, references = self.select(predictions_of(outputs), labels)
-        self._right += int((predictions == references).sum())
-        self._scored += int(references.numel())
+        self.add(int((predictions == references).sum()), int(references.numel()))
+
+    def add(self, right: int, scored: int) -> None:
+        """Count a batch scored elsewhere (see :mod:`lmctl.metrics.lm_head`)."""
+        self._right += right
+        self._scored += scored
         self._updated = True
 
     def compute(self) -> dict[str, float]:
