@@ -4,6 +4,7 @@ launcher command it prints; every rank agrees to stop."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -77,6 +78,14 @@ def test_two_processes_train_one_model_on_disjoint_data(
     assert (out / "model.safetensors").is_file()
     assert list(out.rglob("all_results.json")) == [out / "all_results.json"]
     assert results(out)["eval_loss"] > 0
+    if objective == "mlm":
+        # The loss of the saved model as one process measures it: the Trainer multiplies a
+        # model's own batch mean by the number of processes unless told the model has one.
+        check = run(lmctl_command("eval", out, "--json", "--output", tmp_path / "e.json"), tmp_path)
+        assert check.returncode == 0, check.stderr[-4000:]
+        measured = json.loads((tmp_path / "e.json").read_text())["eval_loss"]
+        assert results(out)["eval_loss"] == pytest.approx(measured, rel=0.03)
+        assert results(out)["train_loss"] < 2 * measured
     ranks = [records(seen, 0), records(seen, 1)]
     assert all(len(rows) == 10 * 4 for rows in ranks), [len(rows) for rows in ranks]
     assert not set(ranks[0]) & set(ranks[1]), "two ranks trained on the same example"

@@ -160,6 +160,21 @@ def _cpu_only() -> bool:
     return not torch.accelerator.is_available()
 
 
+def _loss_uses_item_count(model: Any) -> bool:
+    """Whether ``model``'s forward computes its loss with the item count the Trainer hands it
+    (``num_items_in_batch``, through transformers' ``loss_function``) rather than as the mean
+    over its own batch. Read from the source of the forward (a PEFT wrapper's base model's);
+    where no source can be read, the Trainer's own assumption stands."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        source = inspect.getsource(type(base).forward)
+    except (OSError, TypeError):
+        return True
+    return "loss_function" in source or "num_items_in_batch" in source
+
+
 def _make_trainer_class() -> type:
     import torch
     from transformers import Trainer
@@ -200,6 +215,13 @@ def _make_trainer_class() -> type:
                 and not getattr(model.config, "is_encoder_decoder", False)
             ):
                 self._loss_shifts_labels = True
+            if self.model_accepts_loss_kwargs and not _loss_uses_item_count(model):
+                # The Trainer multiplies the loss by the number of processes whenever the
+                # forward takes **kwargs, expecting the model to divide by the item count of
+                # all processes; a model that averages its own batch (BERT's masked LM, every
+                # multiple-choice head) then reports, and back-propagates, the loss times the
+                # number of processes. Such a model's own mean is the right loss.
+                self.model_accepts_loss_kwargs = False
 
         def _save_checkpoint(self, model: Any, trial: Any) -> None:
             """The Trainer's checkpoint, written into a staging folder that is renamed into
