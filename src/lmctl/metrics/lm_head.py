@@ -88,8 +88,7 @@ class TiledHead:
     def __init__(self, model: Any) -> None:
         self.body = model.base_model
         self.head = model.get_output_embeddings()
-        accepted = set(inspect.signature(self.body.forward).parameters)
-        self._accepted = accepted
+        self._accepted = set(inspect.signature(self.body.forward).parameters)
 
     def hidden(self, inputs: dict[str, Any]) -> Any:
         arguments = {k: v for k, v in inputs.items() if k in self._accepted and k != "labels"}
