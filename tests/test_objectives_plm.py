@@ -79,6 +79,30 @@ def test_batches_are_even_by_construction(
     assert (batch["labels"] != -100).any()
 
 
+def test_a_batch_with_no_drawn_target_gets_one(train: Path, wordpiece_tokenizer: Path) -> None:
+    """With no span drawn over a real token, the loss would be a mean over no target (NaN):
+    one non-special token becomes the target, and no position may see it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(wordpiece_tokenizer)
+    # Spans this rare almost never land on two short lines.
+    config = _config(train, line_by_line=True, plm_probability=1e-6)
+    collator = OBJECTIVE.collator(config, tokenizer)
+    encoded = tokenizer(["the king", "long live the king"])
+    features = [{key: encoded[key][i] for key in encoded} for i in range(2)]
+    for _ in range(5):
+        batch = collator([dict(f) for f in features])
+        where = (batch["labels"] != -100).nonzero().tolist()
+        assert len(where) == 1
+        (row, column) = where[0]
+        token = features[row]["input_ids"][column]
+        assert batch["labels"][row, column] == token
+        assert token not in tokenizer.all_special_ids
+        assert batch["input_ids"][row, column] == token  # XLNet hides it by the mask only
+        assert (batch["perm_mask"][row, :, column] == 1).all()
+        assert batch["target_mapping"][row, column, column] == 1
+
+
 def test_eval_permutations_are_deterministic(train: Path, wordpiece_tokenizer: Path) -> None:
     import torch
     from transformers import AutoTokenizer

@@ -543,6 +543,31 @@ def _token_bytes(ids: Any) -> bytes:
         return repr(ids).encode()
 
 
+def draw_one_target(
+    batch: dict[str, Any], tokenizer: PreTrainedTokenizerBase
+) -> tuple[int, int] | None:
+    """The position that a batch whose random draw chose no target must predict, or ``None``
+    when it has a target already (or no token that could be one).
+
+    Without a target a batch's loss is a mean over nothing: NaN, which would poison the
+    weights. The position is drawn among the batch's non-special tokens, from the same global
+    generator as the collator's draws, so a seeded run stays reproducible. Its label is set;
+    hiding the token from the model is the caller's part (a mask token, a permutation mask).
+    """
+    import torch
+
+    labels, ids = batch["labels"], batch["input_ids"]
+    if bool((labels != -100).any()):
+        return None
+    special = torch.tensor(tokenizer.all_special_ids, dtype=ids.dtype)
+    candidates = (~torch.isin(ids, special)).nonzero()
+    if not len(candidates):
+        return None
+    row, column = candidates[int(torch.randint(len(candidates), (1,)))].tolist()
+    labels[row, column] = ids[row, column]
+    return row, column
+
+
 def masked_positions(predictions: Any, labels: Any) -> tuple[Any, Any]:
     """Predictions and labels at the positions that carry a label (not -100)."""
     scored = labels != -100

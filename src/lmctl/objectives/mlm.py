@@ -19,6 +19,7 @@ from lmctl.objectives.base import Objective
 from lmctl.objectives.common import (
     LineByLineConfig,
     SeededCollator,
+    draw_one_target,
     masked_positions,
     pad_features,
     resolve_sequence_length,
@@ -76,18 +77,9 @@ class PaddedMaskingCollator:
 
     def __call__(self, features: list[dict[str, Any]]) -> Any:
         batch = self.masking(pad_features(features, self.tokenizer, self.multiple_of))
-        labels = batch["labels"]
-        if bool((labels != -100).any()):
-            return batch
-        import torch
-
-        ids = batch["input_ids"]
-        special = torch.tensor(self.tokenizer.all_special_ids, dtype=ids.dtype)
-        candidates = (~torch.isin(ids, special)).nonzero()
-        if len(candidates):
-            row, column = candidates[int(torch.randint(len(candidates), (1,)))].tolist()
-            labels[row, column] = ids[row, column]
-            ids[row, column] = self.tokenizer.mask_token_id
+        target = draw_one_target(batch, self.tokenizer)
+        if target is not None:
+            batch["input_ids"][target] = self.tokenizer.mask_token_id
         return batch
 
 

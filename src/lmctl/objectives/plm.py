@@ -20,6 +20,7 @@ from lmctl.objectives.base import Objective
 from lmctl.objectives.common import (
     LineByLineConfig,
     SeededCollator,
+    draw_one_target,
     masked_positions,
     pad_features,
     resolve_sequence_length,
@@ -79,7 +80,12 @@ class PlmConfig(LineByLineConfig):
 
 
 class PermutationCollator:
-    """Pads a batch to an even length, then lets transformers draw the permutation masks."""
+    """Pads a batch to an even length, then lets transformers draw the permutation masks.
+
+    A batch in which no span was drawn over a real token (a few short lines) has no target and
+    a NaN loss; such a batch gets one non-special token as its target, hidden from every
+    position by the permutation mask, as a drawn target is.
+    """
 
     def __init__(
         self, permuting: Any, tokenizer: PreTrainedTokenizerBase, multiple_of: int
@@ -93,6 +99,10 @@ class PermutationCollator:
 
         padded = pad_features(features, self.tokenizer, self.multiple_of)
         batch = self.permuting(padded)
+        target = draw_one_target(batch, self.tokenizer)
+        if target is not None:
+            row, column = target
+            batch["perm_mask"][row, :, column] = 1
         if "attention_mask" in padded[0]:
             batch["attention_mask"] = torch.tensor(
                 [feature["attention_mask"] for feature in padded], dtype=torch.long
