@@ -1,5 +1,5 @@
-"""Tiled scoring of a causal LM's output layer gives the model's own loss and accuracy, and
-is used only where it reproduces the model's logits."""
+"""Tiled scoring of a causal LM's output layer gives the model's own loss and accuracy (and
+in training its gradients), and is used only where it reproduces the model's logits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from lmctl.metrics.lm_head import TiledHead, next_token_scores
+from lmctl.metrics.lm_head import (
+    TiledHead,
+    masked_training_loss,
+    next_token_loss,
+    next_token_scores,
+    prediction_head,
+    tile_training_loss,
+)
 
 
 def _model(vocab: int = 301) -> GPT2LMHeadModel:
@@ -85,3 +92,149 @@ def test_the_split_is_used_only_where_it_reproduces_the_logits() -> None:
 
         model.forward = scaled  # type: ignore[method-assign]
         assert TiledHead.of(model, sample) is None
+
+
+def _gradients(model: GPT2LMHeadModel, inputs: dict, autocast: bool = False) -> tuple:
+    model.zero_grad()
+    torch.manual_seed(3)  # the same dropout draws on both sides
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model(**inputs).loss
+    loss.backward()
+    return float(loss.detach()), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("num_items", [None, 50])
+def test_the_tiled_training_loss_has_the_models_loss_and_gradients(num_items: int | None) -> None:
+    import copy
+
+    own = _model().train()
+    tiled = copy.deepcopy(own)
+    assert tile_training_loss(tiled)
+    ids = torch.randint(0, 301, (3, 20))
+    labels = ids.clone()
+    labels[1, 5:9] = -100
+    inputs = {"input_ids": ids, "labels": labels}
+    if num_items is not None:  # what the Trainer hands over with gradient accumulation
+        inputs["num_items_in_batch"] = torch.tensor(num_items)
+    loss, expected = _gradients(own, inputs)
+    tiled_loss, got = _gradients(tiled, inputs)
+    assert tiled_loss == pytest.approx(loss, rel=1e-6)
+    for name, gradient in expected.items():  # the tied embedding/output weight included
+        assert torch.allclose(got[name], gradient, rtol=1e-4, atol=1e-6), name
+    # Evaluation keeps the model's own forward, logits included.
+    with torch.no_grad():
+        assert tiled(input_ids=ids, labels=labels).logits is not None
+
+
+def test_the_tiled_training_loss_under_bf16_autocast_stays_close() -> None:
+    import copy
+
+    own = _model().train()
+    tiled = copy.deepcopy(own)
+    assert tile_training_loss(tiled)
+    ids = torch.randint(0, 301, (4, 24))
+    inputs = {"input_ids": ids, "labels": ids}
+    loss, expected = _gradients(own, inputs, autocast=True)
+    tiled_loss, got = _gradients(tiled, inputs, autocast=True)
+    assert tiled_loss == pytest.approx(loss, rel=1e-2)
+    for name, gradient in expected.items():
+        scale = float(gradient.abs().max()) or 1.0
+        assert float((got[name] - gradient).abs().max()) <= 0.05 * scale, name
+
+
+def test_the_tiled_training_loss_with_a_bias_matches_cross_entropy() -> None:
+    torch.manual_seed(2)
+    hidden = torch.randn(2, 9, 8, requires_grad=True)
+    weight = torch.randn(40, 8, requires_grad=True)
+    bias = torch.randn(40, requires_grad=True)
+    labels = torch.randint(0, 40, (2, 9))
+    labels[0, 3] = -100
+    logits = hidden @ weight.T + bias
+    expected = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, 40), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
+    wanted = torch.autograd.grad(expected, (hidden, weight, bias))
+    got_loss = next_token_loss(hidden, weight, bias, labels, rows=5)
+    got = torch.autograd.grad(got_loss, (hidden, weight, bias))
+    assert float(got_loss.detach()) == pytest.approx(float(expected.detach()), rel=1e-6)
+    for a, b in zip(got, wanted, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_whose_split_changes_the_logits_keeps_its_own_training_forward() -> None:
+    model = _model()
+    plain = model.forward
+
+    def capped(*args, **kwargs):  # type: ignore[no-untyped-def]
+        outputs = plain(*args, **kwargs)
+        if outputs.logits is not None:
+            outputs.logits = torch.tanh(outputs.logits)
+        return outputs
+
+    model.forward = capped  # type: ignore[method-assign]
+    assert not tile_training_loss(model)
+    assert model.forward is capped
+
+
+def _masked_lm(kind: str) -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    sizes = {
+        "vocab_size": 301,
+        "num_hidden_layers": 1,
+        "hidden_size": 16,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "max_position_embeddings": 40,
+    }
+    if kind == "bert":
+        return transformers.BertForMaskedLM(transformers.BertConfig(**sizes)).train()
+    if kind == "roberta":
+        config = transformers.RobertaConfig(**sizes, pad_token_id=1)
+        return transformers.RobertaForMaskedLM(config).train()
+    config = transformers.DistilBertConfig(
+        vocab_size=301, n_layers=1, dim=16, n_heads=2, hidden_dim=32, max_position_embeddings=40
+    )
+    return transformers.DistilBertForMaskedLM(config).train()
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+@pytest.mark.parametrize("num_items", [None, 9])
+def test_the_masked_head_on_masked_positions_has_the_models_loss_and_gradients(
+    kind: str, num_items: int | None
+) -> None:
+    import copy
+
+    own = _masked_lm(kind)
+    masked = copy.deepcopy(own)
+    assert masked_training_loss(masked)
+    ids = torch.randint(5, 301, (3, 20))
+    labels = torch.full_like(ids, -100)
+    chosen = torch.rand(ids.shape) < 0.2
+    chosen[0, 3] = True
+    labels[chosen] = ids[chosen]
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    if num_items is not None:
+        inputs["num_items_in_batch"] = torch.tensor(num_items)
+        own_inputs = {k: v for k, v in inputs.items() if k != "num_items_in_batch"}
+        loss, expected = _gradients(own, own_inputs)
+        # The model's own loss is a mean; with an item count it is the sum over that count.
+        loss = loss * int(chosen.sum()) / num_items
+        expected = {k: v * int(chosen.sum()) / num_items for k, v in expected.items()}
+    else:
+        loss, expected = _gradients(own, inputs)
+    masked_loss, got = _gradients(masked, inputs)
+    assert masked_loss == pytest.approx(loss, rel=1e-5)
+    for name, gradient in expected.items():
+        assert torch.allclose(got[name], gradient, rtol=1e-4, atol=1e-6), name
+    with torch.no_grad():  # evaluation: the model's own forward, with every position's logits
+        assert masked(input_ids=ids, labels=labels).logits.shape == (3, 20, 301)
+
+
+def test_a_masked_lm_built_otherwise_keeps_its_own_forward() -> None:
+    model = _masked_lm("distilbert")  # its head is four separate modules
+    assert prediction_head(model) is None
+    plain = model.forward
+    assert not masked_training_loss(model)
+    assert model.forward == plain

@@ -107,6 +107,7 @@ def test_json_output_and_plain_logs(
         assert "\x1b" not in stream
         assert "\r" not in stream
     assert "step 30/30" in proc.stderr
+    assert "training loss: taken from the output layer tile by tile" in proc.stderr
 
 
 def test_resolved_config_is_reusable(

@@ -148,6 +148,8 @@ def prepare(
         resumed_from=resume_checkpoint(config),
         random_head_ok=random_head_ok,
     )
+    if config.do_train:
+        objective.prepare_for_training(config, model, console)
     lengths = None
     train = prepared.train_dataset
     if train is not None and not config.streaming and objective.groups_by_length(config):

@@ -1,5 +1,6 @@
 """Next-token loss and accuracy of a causal LM computed from its last hidden states, tile by
-tile, without ever holding the full-vocabulary logits.
+tile, without ever holding the full-vocabulary logits; and the training loss computed the
+same way, with its gradients.
 
 With a large vocabulary the output layer is most of evaluation's work and memory: 8 blocks
 of 128 tokens against 50,257 entries are 200 MB of logits, written by the matmul and read
@@ -7,6 +8,12 @@ again by the softmax and the argmax. Cut into tiles of rows x vocabulary entries
 enough to stay in the CPU's cache, with the log-sum-exp, the target's logit and the argmax
 carried from one tile to the next, the same numbers come out in about 60% of the time and
 the logits of only one tile exist at once.
+
+Training needs the whole row of a position's logits for its softmax gradient, so the training
+loss is cut into tiles of rows only: each tile's logits are computed, turned into the loss and
+into the gradients of the hidden states and of the output layer at once, and dropped. The
+logits, their softmax and their gradient (three full-vocabulary tensors per batch) never
+exist, and the backward pass only scales the gradients already computed.
 
 Bottom layer: imports nothing else of lmctl.
 """
@@ -20,6 +27,8 @@ from typing import Any
 #: Hidden-state rows and vocabulary entries per tile: 1024 x 1024 fp32 logits are 4 MB.
 ROWS = 1024
 ENTRIES = 1024
+#: Rows per tile of the training loss, whose tiles span the whole vocabulary.
+TRAINING_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -79,15 +88,118 @@ def next_token_scores(
     return Scores(loss_sum, int(targets.shape[0]), right)
 
 
+def next_token_loss(
+    hidden: Any,
+    weight: Any,
+    bias: Any,
+    labels: Any,
+    num_items: Any = None,
+    *,
+    rows: int = TRAINING_ROWS,
+) -> Any:
+    """The causal-LM training loss of predicting ``labels[:, 1:]`` from ``hidden[:, :-1]``
+    through the output layer, differentiable in ``hidden``, ``weight`` and ``bias``; the
+    same number as the models' own loss (transformers' ``ForCausalLMLoss``): the mean over
+    the positions not labelled -100, or with ``num_items`` their sum divided by it."""
+    states = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+    targets = labels[:, 1:].reshape(-1).to(states.device)
+    loss_sum, count = _tiled_loss_function().apply(states, weight, bias, targets, rows)
+    if num_items is not None:
+        return loss_sum / num_items
+    return loss_sum / count
+
+
+_TILED_LOSS: Any = None
+
+
+def _tiled_loss_function() -> Any:
+    """The autograd function behind :func:`next_token_loss` (built once, torch imported
+    only when a model trains)."""
+    global _TILED_LOSS
+    if _TILED_LOSS is not None:
+        return _TILED_LOSS
+    import torch
+
+    class TiledNextTokenLoss(torch.autograd.Function):
+        """Summed cross-entropy of ``states @ weight.T + bias`` against ``targets``, with its
+        gradients computed tile by tile in the forward pass (see the module's docstring)."""
+
+        @staticmethod
+        def forward(  # noqa: PLR0917 (autograd passes its inputs by position)
+            ctx: Any, states: Any, weight: Any, bias: Any, targets: Any, rows: int
+        ) -> Any:
+            device = states.device.type
+            # The matmuls run in the autocast dtype where autocast is on (as the output
+            # layer's own forward and backward would), in the weights' dtype otherwise; the
+            # softmax and the gradients' sums in float32.
+            compute = (
+                torch.get_autocast_dtype(device)
+                if torch.is_autocast_enabled(device)
+                else weight.dtype
+            )
+            matrix = weight.to(compute)
+            offset = None if bias is None else bias.to(compute)
+            grad_states = torch.empty_like(states)
+            grad_weight = torch.zeros_like(weight, dtype=torch.float32)
+            grad_bias = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
+            loss_sum = torch.zeros((), dtype=torch.float32, device=states.device)
+            with torch.autocast(device, enabled=False):
+                for start in range(0, states.shape[0], rows):
+                    state = states[start : start + rows].to(compute)
+                    target = targets[start : start + rows]
+                    logits = state @ matrix.T
+                    if offset is not None:
+                        logits += offset
+                    logits = logits.float()
+                    scored = target != -100
+                    picked = target.clamp(min=0)
+                    normaliser = torch.logsumexp(logits, dim=-1)
+                    chosen = logits.gather(1, picked[:, None]).squeeze(1)
+                    loss_sum += ((normaliser - chosen) * scored).sum()
+                    # d(loss)/d(logits) = softmax - one-hot, on the scored positions only.
+                    gradient = logits.sub_(normaliser[:, None]).exp_()
+                    gradient[torch.arange(len(target), device=gradient.device), picked] -= 1
+                    gradient *= scored[:, None]
+                    if grad_bias is not None:
+                        grad_bias += gradient.sum(dim=0)
+                    gradient = gradient.to(compute)
+                    grad_states[start : start + rows] = gradient @ matrix
+                    if compute == torch.float32:
+                        grad_weight.addmm_(gradient.T, state)
+                    else:
+                        grad_weight += (gradient.T @ state).float()
+            ctx.save_for_backward(grad_states, grad_weight, grad_bias)
+            ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+            count = (targets != -100).sum()
+            ctx.mark_non_differentiable(count)
+            return loss_sum, count
+
+        @staticmethod
+        def backward(ctx: Any, grad_loss: Any, grad_count: Any) -> Any:
+            grad_states, grad_weight, grad_bias = ctx.saved_tensors
+            weight_dtype, bias_dtype = ctx.dtypes
+            return (
+                grad_states * grad_loss.to(grad_states.dtype),
+                (grad_weight * grad_loss).to(weight_dtype),
+                None if grad_bias is None else (grad_bias * grad_loss).to(bias_dtype),
+                None,
+                None,
+            )
+
+    _TILED_LOSS = TiledNextTokenLoss
+    return _TILED_LOSS
+
+
 class TiledHead:
-    """A causal LM split into its body (``model.base_model``) and a linear output layer, for
+    """A language model split into its body (``model.base_model``) and the head that turns
+    each position's last hidden state into logits: by default the linear output layer, for
     :func:`next_token_scores`. :meth:`of` builds one only where the split reproduces the
     model's own logits on a real sample: architectures that rescale, cap or otherwise
-    change the logits after the output layer keep the plain forward."""
+    change the logits after the head keep the plain forward."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, head: Any = None) -> None:
         self.body = model.base_model
-        self.head = model.get_output_embeddings()
+        self.head = head if head is not None else model.get_output_embeddings()
         self._accepted = set(inspect.signature(self.body.forward).parameters)
 
     def hidden(self, inputs: dict[str, Any]) -> Any:
@@ -100,16 +212,22 @@ class TiledHead:
         )
 
     @classmethod
-    def of(cls, model: Any, sample: dict[str, Any]) -> TiledHead | None:
-        """The split of ``model``, if its logits on ``sample`` (one batch of model inputs
-        with labels) equal those of the plain forward; otherwise None."""
+    def of(cls, model: Any, sample: dict[str, Any], head: Any = None) -> TiledHead | None:
+        """The split of ``model`` at ``head`` (default: a linear output layer), if its logits
+        on ``sample`` (one batch of model inputs with labels) equal those of the plain
+        forward; otherwise None."""
         import torch
 
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if head is None:
+            head = (
+                model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+            )
+            if not isinstance(head, torch.nn.Linear):
+                return None
         body = getattr(model, "base_model", None)
-        if not isinstance(head, torch.nn.Linear) or body is None or body is model:
+        if head is None or body is None or body is model:
             return None
-        tiled = cls(model)
+        tiled = cls(model, head)
         first = {k: v[:1] if hasattr(v, "shape") else v for k, v in sample.items()}
         try:
             expected = model(**{k: v for k, v in first.items() if k != "labels"}).logits
@@ -121,3 +239,103 @@ class TiledHead:
         ):
             return None
         return tiled
+
+
+def _output_layer(model: Any) -> Any:
+    return model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+
+def prediction_head(model: Any) -> Any:
+    """The module that turns a masked LM's hidden states into logits (BERT's ``cls``,
+    RoBERTa's ``lm_head``, ALBERT's ``predictions``): the one child besides the body, holding
+    the output layer; None where the model is built otherwise."""
+    output = _output_layer(model)
+    body = getattr(model, "base_model", None)
+    others = [child for child in model.children() if child is not body]
+    if output is None or len(others) != 1:
+        return None
+    head = others[0]
+    return head if any(module is output for module in head.modules()) else None
+
+
+def tile_training_loss(model: Any) -> bool:
+    """Make a causal LM's training forward compute its loss with :func:`next_token_loss`,
+    where its body and linear output layer reproduce its logits; returns whether it does."""
+    split = _checked_split(model, None)
+    if split is None:
+        return False
+
+    def loss(inputs: dict[str, Any], labels: Any, num_items: Any) -> Any:
+        head = split.head
+        return next_token_loss(split.hidden(inputs), head.weight, head.bias, labels, num_items)
+
+    _train_through(model, loss, "CausalLMOutput")
+    return True
+
+
+def masked_training_loss(model: Any) -> bool:
+    """Make a masked LM's training forward apply its prediction head to the masked positions
+    only (the loss is taken there alone; the head works position by position), where its
+    body and head reproduce its logits; returns whether it does.
+
+    With 15% of the positions masked, the head, which for a small model with a large
+    vocabulary is most of the work, runs on 15% of them; the loss and gradients are the
+    model's own."""
+    import torch
+
+    head = prediction_head(model)
+    split = None if head is None else _checked_split(model, head)
+    if split is None:
+        return False
+
+    def loss(inputs: dict[str, Any], labels: Any, num_items: Any) -> Any:
+        scored = labels != -100
+        logits = split.head(split.hidden(inputs)[scored]).float()
+        reduction = "mean" if num_items is None else "sum"
+        value = torch.nn.functional.cross_entropy(logits, labels[scored], reduction=reduction)
+        return value if num_items is None else value / num_items
+
+    _train_through(model, loss, "MaskedLMOutput")
+    return True
+
+
+def _checked_split(model: Any, head: Any) -> TiledHead | None:
+    """:meth:`TiledHead.of` on a few token ids, in eval mode and without drawing random
+    numbers, so that checking changes nothing a seeded run depends on."""
+    import torch
+
+    positions = getattr(model.config, "max_position_embeddings", None)
+    length = min(8, positions or getattr(model.config, "n_positions", None) or 8)
+    ids = torch.arange(1, length + 1)[None] % model.config.vocab_size
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            return TiledHead.of(model, {"input_ids": ids, "labels": ids}, head)
+    finally:
+        model.train(training)
+
+
+def _train_through(model: Any, loss: Any, output: str) -> None:
+    """Replace this instance's forward: a training call with labels returns ``loss(inputs,
+    labels, num_items_in_batch)`` in a transformers ``output`` (no logits); evaluation,
+    calls without labels and calls without gradients keep the model's own forward, and so
+    does anything saved."""
+    import types
+
+    import torch
+    from transformers import modeling_outputs
+
+    own = model.forward
+    result = getattr(modeling_outputs, output)
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        labels = kwargs.get("labels")
+        if args or labels is None or not self.training or not torch.is_grad_enabled():
+            return own(*args, **kwargs)
+        inputs = dict(kwargs)
+        num_items = inputs.pop("num_items_in_batch", None)
+        return result(loss=loss(inputs, labels, num_items))
+
+    forward.__signature__ = inspect.signature(own)  # type: ignore[attr-defined]
+    model.forward = types.MethodType(forward, model)

@@ -81,6 +81,10 @@ class Objective(ABC):
         """Adjust the model config for this objective before the model is built (saying so)."""
         return
 
+    def prepare_for_training(self, config: TrainConfig, model: Any, console: Console) -> None:
+        """Adjust a built model before it trains with this objective (saying so)."""
+        return
+
     def model_classes(self) -> set[str]:
         """Names of the model classes this objective trains (used to infer a model's task)."""
         from lmctl.models.build import model_class_names

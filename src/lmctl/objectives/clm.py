@@ -19,6 +19,7 @@ from lmctl.objectives.common import (
     BlockCollator,
     resolve_sequence_length,
     tokenize_and_group,
+    wraps_model,
 )
 from lmctl.resources import EMBEDDED_CORPUS
 
@@ -89,6 +90,18 @@ class Clm(Objective):
                 f"{model_config.model_type} is an encoder: using it as a causal LM with "
                 "is_decoder=True, so that each token attends only to those before it (its "
                 "pretrained weights, if any, were learnt attending both ways)"
+            )
+
+    def prepare_for_training(self, config: TrainConfig, model: Any, console: Console) -> None:
+        """The training loss is taken from the output layer tile by tile where the model's
+        logits allow it (:mod:`lmctl.metrics.lm_head`): same loss and gradients, without
+        the full-vocabulary logits."""
+        from lmctl.metrics.lm_head import tile_training_loss
+
+        if not wraps_model(config) and tile_training_loss(model):
+            console.info(
+                "training loss: taken from the output layer tile by tile (the "
+                "full-vocabulary logits of a batch never exist)"
             )
 
     def text_options(self, config: TrainConfig) -> dict[str, Any]:

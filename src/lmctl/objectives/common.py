@@ -63,6 +63,21 @@ def varied_lengths_group(config: TrainConfig, varied: bool) -> bool:
     return varied if config.group_by_length is None else config.group_by_length
 
 
+def wraps_model(config: TrainConfig) -> bool:
+    """Whether training wraps or shards the model (DeepSpeed, FSDP, LoRA, a compiled graph),
+    so that only the model's own forward may run it."""
+    passed = config.training_args
+    return bool(
+        config.deepspeed
+        or config.fsdp
+        or config.peft
+        or config.torch_compile
+        or passed.get("deepspeed")
+        or passed.get("fsdp")
+        or passed.get("torch_compile")
+    )
+
+
 def split_source(config: TrainConfig, split: str) -> str:
     """How the user named the data of a split, for error messages."""
     path = config.train_file if split == "train" else config.validation_file

@@ -25,6 +25,7 @@ from lmctl.objectives.common import (
     resolve_sequence_length,
     tokenize_texts,
     varied_lengths_group,
+    wraps_model,
 )
 
 if TYPE_CHECKING:
@@ -119,6 +120,17 @@ class Mlm(Objective):
             raise ConfigError(
                 f"{source}: --whole-word-mask needs a fast tokenizer (word offsets)",
                 "use a tokenizer with a tokenizer.json, or drop --whole-word-mask",
+            )
+
+    def prepare_for_training(self, config: TrainConfig, model: Any, console: Console) -> None:
+        """The prediction head runs on the masked positions only, where the model's logits
+        allow it (:mod:`lmctl.metrics.lm_head`): same loss and gradients."""
+        from lmctl.metrics.lm_head import masked_training_loss
+
+        if not wraps_model(config) and masked_training_loss(model):
+            console.info(
+                "training loss: the prediction head runs on the masked positions only (the "
+                "loss is taken there alone)"
             )
 
     def preprocess(
