@@ -238,3 +238,26 @@ def test_a_masked_lm_built_otherwise_keeps_its_own_forward() -> None:
     plain = model.forward
     assert not masked_training_loss(model)
     assert model.forward == plain
+
+
+@pytest.mark.parametrize("rows", [1024, 3])
+def test_a_masked_lm_is_scored_at_its_labelled_positions_only(rows: int) -> None:
+    from lmctl.metrics.lm_head import labelled_scores
+
+    model = _masked_lm("bert").eval()
+    ids = torch.randint(5, 301, (3, 20))
+    labels = torch.full_like(ids, -100)
+    chosen = torch.rand(ids.shape) < 0.3
+    labels[chosen] = ids[chosen]
+    inputs = {"input_ids": ids, "labels": labels}
+    with torch.inference_mode():
+        outputs = model(**inputs)
+        split = TiledHead.of(model, inputs, prediction_head(model), shifted=False)
+        assert split is not None
+        got = split.scores(inputs)
+        again = labelled_scores(split.hidden(inputs), split.head, labels, rows=rows)
+    scored = labels != -100
+    assert got.scored == again.scored == int(scored.sum())
+    assert got.right == again.right == int((outputs.logits.argmax(-1)[scored] == ids[scored]).sum())
+    assert got.loss_sum / got.scored == pytest.approx(float(outputs.loss), rel=1e-5)
+    assert again.loss_sum == pytest.approx(got.loss_sum, rel=1e-6)

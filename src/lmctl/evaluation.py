@@ -339,10 +339,11 @@ def evaluate_prepared(prepared: Prepared, console: Console) -> dict[str, Any]:
     """Loss, perplexity and the objective's accuracy over the evaluation split.
 
     Loss is the per-sample-weighted mean of batch losses, as the Trainer reports
-    ``eval_loss``; accuracy comes from the objective's per-batch counters. A causal LM whose
-    logits are its output layer applied to its body's last hidden states is scored tile by
-    tile (:mod:`lmctl.metrics.lm_head`: the full logits never exist); any other model runs one
-    sample at a time, so only one sample's logits are ever held.
+    ``eval_loss``; accuracy comes from the objective's per-batch counters. A model whose
+    logits are its head applied to its body's last hidden states is scored from those states
+    (:mod:`lmctl.metrics.lm_head`; see the objective's ``head_split``): a causal LM tile by
+    tile, so the full logits never exist, a masked LM at its masked positions only; any other
+    model runs one sample at a time, so only one sample's logits are ever held.
     """
     import torch
     from torch.utils.data import DataLoader
@@ -380,8 +381,8 @@ def evaluate_prepared(prepared: Prepared, console: Console) -> dict[str, Any]:
                 k: v.to(device) if hasattr(v, "to") else v for k, v in model_inputs(batch).items()
             }
             size = int(inputs["labels"].shape[0])
-            if shifted and not checked:
-                tiled, checked = TiledHead.of(model, inputs), True
+            if not checked:
+                tiled, checked = prepared.objective.head_split(model, inputs), True
             if tiled is not None:
                 scores = tiled.scores(inputs)
                 metrics.add(scores.right, scores.scored)

@@ -88,6 +88,23 @@ def next_token_scores(
     return Scores(loss_sum, int(targets.shape[0]), right)
 
 
+def labelled_scores(hidden: Any, head: Any, labels: Any, *, rows: int = ROWS) -> Scores:
+    """Loss and argmax accuracy at the positions labelled (not -100), with ``head`` applied to
+    those positions only, ``rows`` at a time: a masked LM's evaluation, whose other
+    positions are not scored."""
+    import torch
+
+    scored = labels != -100
+    states, targets = hidden[scored], labels[scored].to(hidden.device)
+    loss_sum, right = 0.0, 0
+    for start in range(0, targets.shape[0], rows):
+        logits = head(states[start : start + rows]).float()
+        target = targets[start : start + rows]
+        loss_sum += float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
+        right += int((logits.argmax(dim=-1) == target).sum())
+    return Scores(loss_sum, int(targets.shape[0]), right)
+
+
 def next_token_loss(
     hidden: Any,
     weight: Any,
@@ -197,9 +214,11 @@ class TiledHead:
     model's own logits on a real sample: architectures that rescale, cap or otherwise
     change the logits after the head keep the plain forward."""
 
-    def __init__(self, model: Any, head: Any = None) -> None:
+    def __init__(self, model: Any, head: Any = None, *, shifted: bool = True) -> None:
         self.body = model.base_model
         self.head = head if head is not None else model.get_output_embeddings()
+        #: Next-token scoring (a causal LM); otherwise the labelled positions themselves.
+        self.shifted = shifted
         self._accepted = set(inspect.signature(self.body.forward).parameters)
 
     def hidden(self, inputs: dict[str, Any]) -> Any:
@@ -207,12 +226,15 @@ class TiledHead:
         return self.body(**arguments, return_dict=True).last_hidden_state
 
     def scores(self, inputs: dict[str, Any]) -> Scores:
-        return next_token_scores(
-            self.hidden(inputs), self.head.weight, self.head.bias, inputs["labels"]
-        )
+        hidden, labels = self.hidden(inputs), inputs["labels"]
+        if self.shifted:
+            return next_token_scores(hidden, self.head.weight, self.head.bias, labels)
+        return labelled_scores(hidden, self.head, labels)
 
     @classmethod
-    def of(cls, model: Any, sample: dict[str, Any], head: Any = None) -> TiledHead | None:
+    def of(
+        cls, model: Any, sample: dict[str, Any], head: Any = None, *, shifted: bool = True
+    ) -> TiledHead | None:
         """The split of ``model`` at ``head`` (default: a linear output layer), if its logits
         on ``sample`` (one batch of model inputs with labels) equal those of the plain
         forward; otherwise None."""
@@ -227,7 +249,7 @@ class TiledHead:
         body = getattr(model, "base_model", None)
         if head is None or body is None or body is model:
             return None
-        tiled = cls(model, head)
+        tiled = cls(model, head, shifted=shifted)
         first = {k: v[:1] if hasattr(v, "shape") else v for k, v in sample.items()}
         try:
             expected = model(**{k: v for k, v in first.items() if k != "labels"}).logits

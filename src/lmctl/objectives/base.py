@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
+    from lmctl.metrics.lm_head import TiledHead
 
 
 class Objective(ABC):
@@ -84,6 +85,11 @@ class Objective(ABC):
     def prepare_for_training(self, config: TrainConfig, model: Any, console: Console) -> None:
         """Adjust a built model before it trains with this objective (saying so)."""
         return
+
+    def head_split(self, model: Any, inputs: dict[str, Any]) -> TiledHead | None:
+        """How evaluation scores ``model`` from its last hidden states without the batch's
+        full logits, checked on ``inputs`` (the first batch); None: one sample at a time."""
+        return None
 
     def model_classes(self) -> set[str]:
         """Names of the model classes this objective trains (used to infer a model's task)."""

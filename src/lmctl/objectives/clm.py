@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
+    from lmctl.metrics.lm_head import TiledHead
 
 
 class ClmConfig(TrainConfig):
@@ -103,6 +104,11 @@ class Clm(Objective):
                 "training loss: taken from the output layer tile by tile (the "
                 "full-vocabulary logits of a batch never exist)"
             )
+
+    def head_split(self, model: Any, inputs: dict[str, Any]) -> TiledHead | None:
+        from lmctl.metrics.lm_head import TiledHead
+
+        return TiledHead.of(model, inputs)
 
     def text_options(self, config: TrainConfig) -> dict[str, Any]:
         assert isinstance(config, ClmConfig)

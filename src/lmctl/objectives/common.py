@@ -64,11 +64,19 @@ def varied_lengths_group(config: TrainConfig, varied: bool) -> bool:
 
 
 def wraps_model(config: TrainConfig) -> bool:
-    """Whether training wraps or shards the model (DeepSpeed, FSDP, LoRA, a compiled graph),
-    so that only the model's own forward may run it."""
+    """Whether training wraps or shards the model (DeepSpeed, FSDP, LoRA, a compiled graph;
+    asked for by lmctl's flags, by ``training_args`` or by an ``accelerate launch``
+    config), so that only the model's own forward may run it."""
+    import os
+
     passed = config.training_args
+    launched = any(
+        os.environ.get(f"ACCELERATE_USE_{name}", "").lower() in ("1", "true", "yes", "on")
+        for name in ("DEEPSPEED", "FSDP", "MEGATRON_LM")
+    )
     return bool(
-        config.deepspeed
+        launched
+        or config.deepspeed
         or config.fsdp
         or config.peft
         or config.torch_compile

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
+    from lmctl.metrics.lm_head import TiledHead
 
 
 class MlmConfig(LineByLineConfig):
@@ -132,6 +133,12 @@ class Mlm(Objective):
                 "training loss: the prediction head runs on the masked positions only (the "
                 "loss is taken there alone)"
             )
+
+    def head_split(self, model: Any, inputs: dict[str, Any]) -> TiledHead | None:
+        from lmctl.metrics.lm_head import TiledHead, prediction_head
+
+        head = prediction_head(model)
+        return None if head is None else TiledHead.of(model, inputs, head, shifted=False)
 
     def preprocess(
         self,
