@@ -241,9 +241,7 @@ class TiledHead:
         import torch
 
         if head is None:
-            head = (
-                model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-            )
+            head = _output_layer(model)
             if not isinstance(head, torch.nn.Linear):
                 return None
         body = getattr(model, "base_model", None)
