@@ -838,8 +838,14 @@ def resume(work: Work, reps: int, blocks: tuple[int, int]) -> list[Figure]:
         shutil.copytree(template, run)
         for checkpoint in run.glob("checkpoint-*"):
             position = checkpoint / "stream_position.json"
-            # The checkpoint as a run stopped after ``count`` blocks writes it.
-            position.write_text(json.dumps({"epoch": 0, "batches": count // batch}) + "\n")
+            # The checkpoint as a run stopped after ``count`` blocks writes it, with its size
+            # in the checkpoint's manifest (resume refuses a file that does not match).
+            recorded = {"epoch": 0, "batches": count // batch, "rank": 0}
+            position.write_text(json.dumps(recorded) + "\n")
+            manifest = checkpoint / "lmctl_checkpoint.json"
+            listing = json.loads(manifest.read_text())
+            listing["files"][position.name] = position.stat().st_size
+            manifest.write_text(json.dumps(listing, indent=1) + "\n")
         env = work.env()
         started = time.perf_counter()
         run_lmctl(["resume", run, "--max-steps", 2, "--no-progress"], env)
