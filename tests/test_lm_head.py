@@ -176,6 +176,23 @@ def test_a_model_whose_split_changes_the_logits_keeps_its_own_training_forward()
     assert model.forward is capped
 
 
+def test_a_model_that_adds_to_its_loss_keeps_its_own_training_forward() -> None:
+    """A term added to the loss (a mixture of experts' balancing loss, say) would be lost by
+    a loss taken from the output layer alone."""
+    model = _model()
+    plain = model.forward
+
+    def balanced(*args, **kwargs):  # type: ignore[no-untyped-def]
+        outputs = plain(*args, **kwargs)
+        if outputs.loss is not None:
+            outputs.loss = outputs.loss + 0.01
+        return outputs
+
+    model.forward = balanced  # type: ignore[method-assign]
+    assert not tile_training_loss(model)
+    assert model.forward is balanced
+
+
 def _masked_lm(kind: str) -> torch.nn.Module:
     import transformers
 

@@ -280,23 +280,24 @@ def prediction_head(model: Any) -> Any:
 
 def tile_training_loss(model: Any) -> bool:
     """Make a causal LM's training forward compute its loss with :func:`next_token_loss`,
-    where its body and linear output layer reproduce its logits; returns whether it does."""
-    split = _checked_split(model, None)
-    if split is None:
-        return False
+    where its body and linear output layer reproduce its logits and its loss; returns
+    whether it does."""
 
-    def loss(inputs: dict[str, Any], labels: Any, num_items: Any) -> Any:
-        head = split.head
-        return next_token_loss(split.hidden(inputs), head.weight, head.bias, labels, num_items)
+    def loss_of(split: TiledHead) -> Any:
+        def loss(inputs: dict[str, Any], labels: Any, num_items: Any) -> Any:
+            head = split.head
+            hidden = split.hidden(inputs)
+            return next_token_loss(hidden, head.weight, head.bias, labels, num_items)
 
-    _train_through(model, loss, "CausalLMOutput")
-    return True
+        return loss
+
+    return _install(model, None, loss_of, "CausalLMOutput")
 
 
 def masked_training_loss(model: Any) -> bool:
     """Make a masked LM's training forward apply its prediction head to the masked positions
     only (the loss is taken there alone; the head works position by position), where its
-    body and head reproduce its logits; returns whether it does.
+    body and head reproduce its logits and its loss; returns whether it does.
 
     With 15% of the positions masked, the head, which for a small model with a large
     vocabulary is most of the work, runs on 15% of them; the loss and gradients are the
@@ -304,36 +305,50 @@ def masked_training_loss(model: Any) -> bool:
     import torch
 
     head = prediction_head(model)
-    split = None if head is None else _checked_split(model, head)
-    if split is None:
+    if head is None:
         return False
 
-    def loss(inputs: dict[str, Any], labels: Any, num_items: Any) -> Any:
-        scored = labels != -100
-        logits = split.head(split.hidden(inputs)[scored]).float()
-        reduction = "mean" if num_items is None else "sum"
-        value = torch.nn.functional.cross_entropy(logits, labels[scored], reduction=reduction)
-        return value if num_items is None else value / num_items
+    def loss_of(split: TiledHead) -> Any:
+        def loss(inputs: dict[str, Any], labels: Any, num_items: Any) -> Any:
+            scored = labels != -100
+            logits = split.head(split.hidden(inputs)[scored]).float()
+            reduction = "mean" if num_items is None else "sum"
+            value = torch.nn.functional.cross_entropy(logits, labels[scored], reduction=reduction)
+            return value if num_items is None else value / num_items
 
-    _train_through(model, loss, "MaskedLMOutput")
-    return True
+        return loss
+
+    return _install(model, head, loss_of, "MaskedLMOutput")
 
 
-def _checked_split(model: Any, head: Any) -> TiledHead | None:
-    """:meth:`TiledHead.of` on a few token ids, in eval mode and without drawing random
-    numbers, so that checking changes nothing a seeded run depends on."""
+def _install(model: Any, head: Any, loss_of: Any, output: str) -> bool:
+    """Train ``model`` through ``loss_of(split)`` where the split at ``head`` reproduces the
+    model's logits and its loss (a model that adds to its loss, such as a mixture of experts'
+    balancing term, keeps its own forward). Checked on a few token ids, in eval mode and
+    without drawing random numbers, so that checking changes nothing a seeded run depends on."""
     import torch
 
     positions = getattr(model.config, "max_position_embeddings", None)
     length = min(8, positions or getattr(model.config, "n_positions", None) or 8)
     ids = torch.arange(1, length + 1)[None] % model.config.vocab_size
+    sample = {"input_ids": ids, "labels": ids}
     training = model.training
     model.eval()
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            return TiledHead.of(model, {"input_ids": ids, "labels": ids}, head)
+            split = TiledHead.of(model, sample, head)
+            if split is None:
+                return False
+            loss = loss_of(split)
+            own = model(**sample).loss
+            if own is None or not torch.allclose(
+                loss(sample, ids, None).float(), own.float(), rtol=1e-4, atol=1e-5
+            ):
+                return False
     finally:
         model.train(training)
+    _train_through(model, loss, output)
+    return True
 
 
 def _train_through(model: Any, loss: Any, output: str) -> None:
