@@ -40,6 +40,13 @@ class Scores:
     right: int
 
 
+def _next_token_pairs(hidden: Any, labels: Any) -> tuple[Any, Any]:
+    """Each position's hidden state, one row per position, and the token it predicts (the
+    next one): ``hidden[:, :-1]`` against ``labels[:, 1:]``."""
+    states = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+    return states, labels[:, 1:].reshape(-1).to(states.device)
+
+
 def next_token_scores(
     hidden: Any,
     weight: Any,
@@ -55,8 +62,7 @@ def next_token_scores(
     ties in the argmax go to the lowest token id, as ``torch.argmax`` breaks them."""
     import torch
 
-    states = hidden[:, :-1].reshape(-1, hidden.shape[-1])
-    targets = labels[:, 1:].reshape(-1).to(states.device)
+    states, targets = _next_token_pairs(hidden, labels)
     kept = targets != -100
     states, targets = states[kept], targets[kept]
     loss_sum, right = 0.0, 0
@@ -118,8 +124,7 @@ def next_token_loss(
     through the output layer, differentiable in ``hidden``, ``weight`` and ``bias``; the
     same number as the models' own loss (transformers' ``ForCausalLMLoss``): the mean over
     the positions not labelled -100, or with ``num_items`` their sum divided by it."""
-    states = hidden[:, :-1].reshape(-1, hidden.shape[-1])
-    targets = labels[:, 1:].reshape(-1).to(states.device)
+    states, targets = _next_token_pairs(hidden, labels)
     loss_sum, count = _tiled_loss_function().apply(states, weight, bias, targets, rows)
     if num_items is not None:
         return loss_sum / num_items
