@@ -833,15 +833,18 @@ def resume(work: Work, reps: int, blocks: tuple[int, int]) -> list[Figure]:
         work.env(),
     )
 
+    positions = {
+        count: _stream_position_after(model, data, block, batch, count) for count in blocks
+    }
+
     def at(count: int) -> float:
         run = work.fresh("stream-resume")
         shutil.copytree(template, run)
         for checkpoint in run.glob("checkpoint-*"):
             position = checkpoint / "stream_position.json"
-            # The checkpoint as a run stopped after ``count`` blocks writes it, with its size
-            # in the checkpoint's manifest (resume refuses a file that does not match).
-            recorded = {"epoch": 0, "batches": count // batch, "rank": 0}
-            position.write_text(json.dumps(recorded) + "\n")
+            # The position a run stopped after ``count`` blocks records, with its size in the
+            # checkpoint's manifest (resume refuses a file that does not match).
+            position.write_text(json.dumps(positions[count]) + "\n")
             manifest = checkpoint / "lmctl_checkpoint.json"
             listing = json.loads(manifest.read_text())
             listing["files"][position.name] = position.stat().st_size
@@ -869,6 +872,50 @@ def resume(work: Work, reps: int, blocks: tuple[int, int]) -> list[Figure]:
         )
     )
     return figures
+
+
+def _stream_position_after(
+    model: Path, data: Path, block: int, batch: int, count: int
+) -> dict[str, Any]:
+    """The stream position that a run of ``resume()``'s settings (one process, no dataloader
+    workers) records after training on ``count`` blocks: read the same stream that far, batch
+    by batch, through lmctl's own cursor."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from lmctl.config.loader import build_config
+    from lmctl.console import Console, OutputOptions
+    from lmctl.data import stream
+    from lmctl.objectives.clm import ClmConfig
+
+    config = build_config(
+        ClmConfig,
+        cli_values={
+            "train_file": str(data),
+            "model_name_or_path": str(model),
+            "streaming": True,
+            "block_size": block,
+            "per_device_train_batch_size": batch,
+            "max_steps": 1,
+            "do_eval": False,
+            "shuffle_buffer_size": 1000,
+        },
+    )
+    sources = stream.load_sources(
+        config, need_train=True, need_eval=False, text_options={"keep_linebreaks": True}
+    )
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    console = Console(OutputOptions(quiet=True))
+    train = stream.block_streams(config, sources, tokenizer, block, console)["train"]
+    cursor = stream.stream_cursor(train)
+    assert cursor is not None
+    cursor.begin_pass(0)
+    examples = iter(train)
+    for _ in range(count // batch):
+        features = [next(examples) for _ in range(batch)]
+        _, mark, _ = stream.strip_positions(features)
+        cursor.take({stream.POSITION_COLUMN: torch.tensor([mark])})
+    return {"epoch": 0, "batches": count // batch, "rank": 0, "readers": cursor.state()}
 
 
 def end_to_end(work: Work, reps: int) -> list[Figure]:

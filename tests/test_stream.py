@@ -13,7 +13,7 @@ import pytest
 from lmctl.config.loader import build_config
 from lmctl.console import Console, OutputOptions
 from lmctl.data import stream
-from lmctl.errors import DataError
+from lmctl.errors import ConfigError, DataError
 from lmctl.objectives.clm import ClmConfig
 from lmctl.objectives.common import tokenize_lines
 
@@ -33,7 +33,7 @@ def _read_all(shards: list[stream.Shard], keep: bool = True) -> list[str]:
     return [
         line
         for shard in shards
-        for batch in stream.read_text_lines(shard, keep_linebreaks=keep)
+        for _, batch in stream.read_text_lines(shard, keep_linebreaks=keep)
         for line in batch
     ]
 
@@ -83,14 +83,14 @@ def test_json_lines_reader(tmp_path: Path) -> None:
     texts = [
         text
         for shard in shards
-        for batch in stream.read_json_lines(shard, column="text")
+        for _, batch in stream.read_json_lines(shard, column="text")
         for text in batch
     ]
     assert texts == ["alpha", "", "gamma"]
 
 
 def _source_texts(source: stream.TextSource) -> list[str]:
-    return [text for shard in source.shards for batch in source.read(shard) for text in batch]
+    return [text for shard in source.shards for _, batch in source.read(shard) for text in batch]
 
 
 def _config(train_file: str, tokenizer: Path, **values: Any) -> ClmConfig:
@@ -293,3 +293,179 @@ def test_sources_compose_with_partial(tmp_path: Path) -> None:
     assert isinstance(source.read, partial)
     assert source.read.keywords == {"keep_linebreaks": False}
     assert _source_texts(source) == ["a", "b"]
+
+
+def _tensor_batch(features: list[dict[str, Any]]) -> dict[str, Any]:
+    import torch
+
+    return {"input_ids": torch.tensor([feature["input_ids"] for feature in features])}
+
+
+def _line_ids(texts: list[str]) -> dict[str, list[Any]]:
+    """One example per non-blank line ``w<N>``: its number."""
+    return {"input_ids": [[int(text.strip()[1:])] for text in texts if text.strip()]}
+
+
+def _train_stream(kind: str, tmp_path: Path, lines: int, **values: Any) -> Any:
+    """A training stream of ``lines`` numbered lines (blank lines between some): blocks of
+    three lines, one example per line, or one per csv record (read through ``datasets``)."""
+    if kind == "records":
+        path = tmp_path / "numbers-*.csv"  # three files: three shards
+        for part in range(3):
+            numbers = range(part * lines // 3, (part + 1) * lines // 3)
+            (tmp_path / f"numbers-{part}.csv").write_text(
+                "text\n" + "".join(f"w{n}\n" for n in numbers)
+            )
+    else:
+        path = tmp_path / "numbers.txt"
+        if not path.exists():
+            text = "".join(f"w{n}\n" + ("\n" if n % 5 == 0 else "") for n in range(lines))
+            path.write_text(text)
+    config = _config(str(path), tmp_path, **values)
+    sources = stream.load_sources(
+        config, need_train=True, need_eval=False, text_options={"keep_linebreaks": True}
+    )
+    console = Console(OutputOptions(quiet=True))
+    if kind == "blocks":
+        return stream.block_streams(config, sources, _line_tokenizer(lines), 3, console)["train"]
+    return stream.example_streams(config, sources, {"train": _line_ids}, console, unit="line")[
+        "train"
+    ]
+
+
+def _loader(dataset: Any, workers: int) -> Any:
+    from torch.utils.data import DataLoader
+
+    from lmctl.objectives.common import SeededCollator
+
+    collate = SeededCollator(_tensor_batch, seed=0)
+    return DataLoader(dataset, batch_size=4, num_workers=workers, collate_fn=collate)
+
+
+@pytest.mark.parametrize("kind", ["blocks", "lines", "records"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_stream_seeks_to_each_workers_position(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, workers: int
+) -> None:
+    """Stopped after any batch (within a shuffle window, at a chunk boundary, after a worker
+    ran out), a new stream given the positions yields placeholders for the batches trained
+    before, then exactly the batches of the uninterrupted pass."""
+    monkeypatch.setattr(stream, "SHARD_BYTES", 1500)  # several shards per worker
+    monkeypatch.setattr(stream, "READ_BYTES", 200)  # many chunks per shard; blocks span them
+    values = {"dataloader_num_workers": workers, "shuffle_buffer_size": 7, "seed": 3}
+    first = _train_stream(kind, tmp_path, 900, **values)
+    cursor = stream.stream_cursor(first)
+    assert cursor is not None
+    cursor.begin_pass(1)
+    batches, states = [], []
+    for batch in _loader(first, workers):
+        cursor.take(batch)
+        assert stream.POSITION_COLUMN not in batch
+        batches.append(batch["input_ids"].tolist())
+        states.append(json.loads(json.dumps(cursor.state())))  # as a checkpoint keeps it
+    numbers = [n for batch in batches for row in batch for n in row]
+    assert len(set(numbers)) == len(numbers), "a line was read twice"
+    shards = len(cursor.plan.shards)
+    assert shards >= (2 if kind == "records" else 4)
+    assert len(numbers) >= 900 - 2 * shards, "more lost than each shard's last partial block"
+
+    for stop in (1, 2, 7, len(batches) // 2, len(batches) - 3, len(batches) - 1):
+        again = _train_stream(kind, tmp_path, 900, **values)
+        resumed = stream.stream_cursor(again)
+        assert resumed is not None
+        resumed.restore(1, states[stop - 1])
+        resumed.begin_pass(1)
+        rest = []
+        for index, batch in enumerate(_loader(again, workers)):
+            if index < stop:
+                assert batch[stream.POSITION_COLUMN][0, 0] == -1, "not a placeholder"
+                continue
+            resumed.take(batch)
+            rest.append(batch["input_ids"].tolist())
+        assert rest == batches[stop:], f"stopped after batch {stop}"
+        assert resumed.state() == states[-1]
+
+
+def test_each_pass_shuffles_anew_and_resume_reads_a_bounded_amount(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resuming far into a pass tokenizes no more than resuming near its start: one chunk
+    and one shuffle window, not the part of the pass already trained on."""
+    from lmctl.data.tokens import TextEncoder
+
+    monkeypatch.setattr(stream, "READ_BYTES", 300)
+    values = {"shuffle_buffer_size": 16, "seed": 5}
+    first = _train_stream("blocks", tmp_path, 3000, **values)
+    cursor = stream.stream_cursor(first)
+    assert cursor is not None
+    orders, states = [], []
+    for epoch in (0, 1):
+        cursor.begin_pass(epoch)
+        order = []
+        for batch in _loader(first, 0):
+            cursor.take(batch)
+            order.extend(n for row in batch["input_ids"].tolist() for n in row)
+            if epoch == 0:
+                states.append(cursor.state())
+        orders.append(order)
+    assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1])
+
+    encoded: list[int] = []
+    encode_raw = TextEncoder.encode_raw
+
+    def counting(self: TextEncoder, texts: list[str]) -> Any:
+        encoded.append(len(texts))
+        return encode_raw(self, texts)
+
+    monkeypatch.setattr(TextEncoder, "encode_raw", counting)
+    read_again = {}
+    for stop in (10, len(states) - 10):
+        again = _train_stream("blocks", tmp_path, 3000, **values)
+        resumed = stream.stream_cursor(again)
+        assert resumed is not None
+        resumed.restore(0, states[stop - 1])
+        resumed.begin_pass(0)
+        encoded.clear()
+        loader = iter(_loader(again, 0))
+        for _ in range(stop):
+            next(loader)
+        first_batch = next(loader)
+        assert first_batch["input_ids"].flatten().tolist() == orders[0][stop * 12 : stop * 12 + 12]
+        read_again[stop] = sum(encoded)
+    lines_per_chunk = 300 // len("w1000\n")
+    # The window's blocks of three lines, the chunks it spans and the one read ahead.
+    bound = 16 * 3 + 4 * lines_per_chunk
+    assert all(count <= bound for count in read_again.values()), read_again
+    assert max(read_again.values()) < (len(states) - 10) * 12 // 10, "replayed the pass"
+
+
+@pytest.mark.parametrize(
+    "change,flag",
+    [({"dataloader_num_workers": 2}, "--dataloader-num-workers 0"),
+     ({"shuffle_buffer_size": 9}, "--shuffle-buffer-size 7")],
+)  # fmt: skip
+def test_positions_are_refused_by_a_stream_laid_out_otherwise(
+    tmp_path: Path, change: dict[str, Any], flag: str
+) -> None:
+    values = {"dataloader_num_workers": 0, "shuffle_buffer_size": 7}
+    first = _train_stream("lines", tmp_path, 200, **values)
+    cursor = stream.stream_cursor(first)
+    assert cursor is not None
+    cursor.begin_pass(0)
+    batch = next(iter(_loader(first, 0)))
+    cursor.take(batch)
+    other = stream.stream_cursor(_train_stream("lines", tmp_path, 200, **{**values, **change}))
+    assert other is not None
+    with pytest.raises(ConfigError) as raised:
+        other.restore(0, cursor.state(), cursor.layout())
+    assert flag in raised.value.hint
+
+
+def test_a_checkpoint_keeps_each_readers_position(tmp_path: Path) -> None:
+    from lmctl.engine.common import StreamRecord
+
+    readers = {"0:3": [16, 0, 128, 5, 2], "1:0": [12, -1, 0, 0, 12]}
+    record = StreamRecord(2, 8, readers, {"workers": 2, "window": 7, "shards": 4})
+    record.write(tmp_path, 1)
+    assert StreamRecord.read(tmp_path, 1) == record
+    assert StreamRecord.read(tmp_path, 0) is None  # each process reads its own

@@ -95,6 +95,15 @@ def test_resumed_stream_reads_on_from_the_checkpoint(tmp_path: Path, bpe_tokeniz
     assert proc.returncode == 0, proc.stderr
     position = json.loads((first / "checkpoint-12" / "stream_position.json").read_text())
     assert position["epoch"] >= 1, "the test needs the stream to have wrapped around"
+    # Where each shard's reader stopped, so that the resumed run seeks there.
+    assert position["readers"] and all(len(row) == 5 for row in position["readers"].values())
+
+    # Positions recorded by one dataloader layout mean nothing to another: refused, exit 2.
+    proc = lmctl(*run, "-o", tmp_path / "other", "--resume-from-checkpoint",
+                 first / "checkpoint-12", "--dataloader-num-workers", "1")  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "resume with --dataloader-num-workers 0" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
     proc = lmctl(*run, "-o", tmp_path / "second", "--resume-from-checkpoint",
                  first / "checkpoint-12")  # fmt: skip

@@ -16,11 +16,17 @@ from pathlib import Path
 from typing import Any
 
 
-def recording_read(shard: Any, *, read: Callable[[Any], Iterator[list[str]]], log: Path) -> Any:
+def recording_read(
+    shard: Any,
+    start: Any = None,
+    *,
+    read: Callable[..., Iterator[tuple[Any, list[str]]]],
+    log: Path,
+) -> Any:
     """The source's reader, noting which process opened which shard."""
     with (log / f"reads-{os.environ['RANK']}-{os.getpid()}.txt").open("a") as handle:
         handle.write(f"{shard[0].start}\n")
-    yield from read(shard)
+    yield from read(shard, start)
 
 
 def main() -> None:
@@ -61,7 +67,7 @@ def main() -> None:
     )
     source = sources["train"]
     shard_lines = {
-        shard[0].start: [int(text.strip()[1:]) for batch in source.read(shard) for text in batch]
+        shard[0].start: [int(text.strip()[1:]) for _, batch in source.read(shard) for text in batch]
         for shard in source.shards
     }
     source.read = partial(recording_read, read=source.read, log=out)

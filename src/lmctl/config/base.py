@@ -248,8 +248,8 @@ class TrainConfig(StrictModel):
     )
     shuffle_buffer_size: int = option(
         1000,
-        "With --streaming: examples held in the shuffle buffer; the shard order is shuffled "
-        "with --seed too (0: read in order).",
+        "With --streaming: examples shuffled together, in windows of each shard; the shard "
+        "order is shuffled with --seed too (0: read in order).",
         panel=PANEL_DATA,
         ge=0,
     )

@@ -23,6 +23,11 @@ Shards:
 * Hub datasets, csv, parquet and JSON-array files are read through ``datasets`` streaming;
   their shards are the files (or row groups) that ``datasets`` knows about.
 
+Order and resume: the training stream shuffles its shard order each pass and the examples
+of each shard in windows; every training example carries its position (:class:`StreamPlan`),
+the engine keeps the last one of each shard and worker (:class:`StreamCursor`) in every
+checkpoint, and a resumed reader seeks straight there.
+
 Without a validation split, txt/JSON-lines data holds out the first
 ``--validation-split-percentage`` of its bytes for evaluation (as upstream holds out the first
 records); Hub, csv and parquet streams need a validation split or ``--no-eval``.
@@ -34,7 +39,7 @@ import os
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from functools import partial
-from itertools import pairwise
+from itertools import islice, pairwise
 from typing import TYPE_CHECKING, Any
 
 from lmctl.data.load import parse_json_record, sample_limit
@@ -88,9 +93,10 @@ def file_size(path: str, storage_options: dict[str, Any] | None = None) -> int:
 
 def read_byte_range(
     piece: ByteRange, storage_options: dict[str, Any] | None = None
-) -> Iterator[bytes]:
+) -> Iterator[tuple[int, bytes]]:
     """Chunks of whole lines (each chunk ends with a newline, except at end of file) of the
-    lines that begin inside ``piece``."""
+    lines that begin inside ``piece``, each with the offset of its first byte: a line start,
+    so reading again from there (``ByteRange(path, offset, stop)``) gives the same chunks."""
     with _open(piece.path, storage_options) as handle:
         position = piece.start
         if position > 0:
@@ -103,8 +109,24 @@ def read_byte_range(
                 return
             if not data.endswith(b"\n"):
                 data += handle.readline()
+            yield position, data
             position += len(data)
-            yield data
+
+
+#: Where a reader can start again: the index of a piece of the shard (or 0) and an offset
+#: into it (a byte offset of a line start, or a record count); None for the shard's start.
+ChunkKey = tuple[int, int]
+
+
+def _pieces_from(shard: Shard, start: ChunkKey | None) -> Iterator[tuple[int, ByteRange]]:
+    """The pieces of ``shard`` from ``start`` on, the first one cut to begin there."""
+    for index, piece in enumerate(shard):
+        if start is not None and index < start[0]:
+            continue
+        if start is not None and index == start[0]:
+            yield index, ByteRange(piece.path, start[1], piece.stop)
+        else:
+            yield index, piece
 
 
 def _decode(data: bytes, piece: ByteRange) -> str:
@@ -118,21 +140,30 @@ def _decode(data: bytes, piece: ByteRange) -> str:
 
 
 def read_text_lines(
-    shard: Shard, *, keep_linebreaks: bool, storage_options: dict[str, Any] | None = None
-) -> Iterator[list[str]]:
-    """The lines of a txt shard, split as the ``datasets`` text builder splits them."""
-    for piece in shard:
-        for data in read_byte_range(piece, storage_options):
-            yield _decode(data, piece).splitlines(keepends=keep_linebreaks)
+    shard: Shard,
+    start: ChunkKey | None = None,
+    *,
+    keep_linebreaks: bool,
+    storage_options: dict[str, Any] | None = None,
+) -> Iterator[tuple[ChunkKey, list[str]]]:
+    """The lines of a txt shard, split as the ``datasets`` text builder splits them, a chunk
+    at a time with the key that reads again from that chunk (``start``)."""
+    for index, piece in _pieces_from(shard, start):
+        for offset, data in read_byte_range(piece, storage_options):
+            yield (index, offset), _decode(data, piece).splitlines(keepends=keep_linebreaks)
 
 
 def read_json_lines(
-    shard: Shard, *, column: str | None, storage_options: dict[str, Any] | None = None
-) -> Iterator[list[Any]]:
+    shard: Shard,
+    start: ChunkKey | None = None,
+    *,
+    column: str | None,
+    storage_options: dict[str, Any] | None = None,
+) -> Iterator[tuple[ChunkKey, list[Any]]]:
     """The ``column`` values of a JSON-lines shard (blank lines skipped, null read as ''), or
-    with ``column`` None the records themselves."""
-    for piece in shard:
-        for data in read_byte_range(piece, storage_options):
+    with ``column`` None the records themselves; keyed as :func:`read_text_lines`."""
+    for index, piece in _pieces_from(shard, start):
+        for offset, data in read_byte_range(piece, storage_options):
             values: list[Any] = []
             for line in _decode(data, piece).splitlines():
                 if not line.strip():
@@ -145,21 +176,35 @@ def read_json_lines(
                     continue
                 value = record.get(column) if isinstance(record, dict) else None
                 values.append(value if isinstance(value, str) else "")
-            yield values
+            yield (index, offset), values
 
 
 def read_dataset_shard(
-    index: int, *, dataset: IterableDataset, num_shards: int, column: str | None
-) -> Iterator[list[Any]]:
+    index: int,
+    start: ChunkKey | None = None,
+    *,
+    dataset: IterableDataset,
+    num_shards: int,
+    column: str | None,
+) -> Iterator[tuple[ChunkKey, list[Any]]]:
     """The ``column`` texts of shard ``index`` of a ``datasets`` stream, or with ``column``
-    None its records."""
+    None its records, keyed by the count of records before them. Starting again at a key
+    skips that many records (``datasets`` reads them, nothing tokenizes them)."""
     part = dataset.shard(num_shards=num_shards, index=index, contiguous=True)
+    done = 0 if start is None else start[1]
+    if done:
+        part = part.skip(done)
     for batch in part.iter(batch_size=ENCODE_BATCH):
+        values: list[Any]
         if column is None:
             names = list(batch)
-            yield [dict(zip(names, row, strict=True)) for row in zip(*batch.values(), strict=True)]
+            values = [
+                dict(zip(names, row, strict=True)) for row in zip(*batch.values(), strict=True)
+            ]
         else:
-            yield [text if isinstance(text, str) else "" for text in batch[column]]
+            values = [text if isinstance(text, str) else "" for text in batch[column]]
+        yield (0, done), values
+        done += len(values)
 
 
 @dataclass
@@ -169,7 +214,8 @@ class TextSource:
 
     where: str
     shards: list[Any]
-    read: Callable[[Any], Iterator[list[Any]]]
+    #: ``read(shard, start=None)``: (key, batch) pairs of one shard, from ``start`` on.
+    read: Callable[..., Iterator[tuple[ChunkKey, list[Any]]]]
     #: A record source's columns (as its first record has them); None for a text source.
     columns: list[str] | None = None
 
@@ -180,7 +226,7 @@ class TextSource:
         source: the text values of ``columns``)."""
         seen = 0
         for shard in self.shards:
-            for batch in self.read(shard):
+            for _, batch in self.read(shard):
                 values = batch
                 if columns is not None:
                     values = [record.get(name) for record in batch for name in columns]
@@ -332,7 +378,7 @@ def _line_sources(
 
 def _line_reader(
     config: TrainConfig, files: list[str], text_options: dict[str, Any]
-) -> Callable[[Any], Iterator[list[str]]]:
+) -> Callable[..., Iterator[tuple[ChunkKey, list[str]]]]:
     if data_extension(files[0]) == "txt":
         return partial(read_text_lines, keep_linebreaks=text_options.get("keep_linebreaks", True))
     path, _, record = _first_record(files)
@@ -462,17 +508,290 @@ def _stream_column(stream: IterableDataset, requested: str | None, where: str) -
     raise DataError(f"{where}: no records (the data is empty)", "give non-empty data")
 
 
+#: The column that carries each training example's stream position (see
+#: :class:`StreamPlan`); the training collator moves it from the examples to the batch.
+POSITION_COLUMN = "lmctl_stream_position"
+#: A point of a shard's reading order: the chunk that the reader starts again at with key
+#: ``(piece, offset)`` (piece -1: the shard's start), and the tokens or examples of that chunk
+#: consumed before the point.
+ReadPoint = tuple[int, int, int]
+START: ReadPoint = (-1, 0, 0)
+
+
+@dataclass
+class StreamPlan:
+    """What the training stream's generator needs beyond its shard, shared with the engine
+    that sets it before each pass: the pass (``epoch``) and, in the pass a run resumes in,
+    where each shard read by each dataloader worker stopped.
+
+    Every example of the training stream carries its position, ``[worker, shard, piece,
+    offset, consumed, emitted]``: a point of the shard's reading order (see
+    :data:`ReadPoint`) where a window of ``window`` examples begins, and how many of that
+    window (in its shuffled order) come before the position. A resumed reader seeks there:
+    it reads at most one chunk and one window again, however far into the stream the run
+    was. It first yields one placeholder per example the shard had given before, so that
+    ``datasets`` interleaves shards and the dataloader forms and interleaves batches exactly
+    as in the uninterrupted run; the engine skips those batches without collating them.
+    """
+
+    seed: int
+    #: Examples shuffled together (1: reading order).
+    window: int
+    #: Every shard of the source, to number them.
+    shards: list[Any]
+    #: Dataloader workers per process (0: the process itself reads).
+    workers: int = 0
+    epoch: int = 0
+    #: The pass that ``resume`` belongs to; other passes read from the start.
+    resume_epoch: int = -1
+    #: (worker, shard) -> [examples given, *position after the last of them]
+    resume: dict[tuple[int, int], list[int]] | None = None
+
+    def seek(self, worker: int, shard: int) -> tuple[int, list[int] | None]:
+        """Placeholders to yield first, and the position to read on from (None: the
+        shard's start)."""
+        if self.resume is None or self.epoch != self.resume_epoch:
+            return 0, None
+        record = self.resume.get((worker, shard))
+        if record is None:
+            return 0, None
+        return record[0], record[1:]
+
+
+#: A batch's stream mark: one row per (worker, shard) of its examples: the worker, the
+#: shard, the examples of it in the batch and the position after the last of them.
+MARK_WIDTH = 7
+
+
+class StreamCursor:
+    """This process's place in the training stream, for checkpoints: for each shard read by
+    each dataloader worker, the examples it gave to training in this pass and the position
+    after the last one (taken from each batch before the model sees it)."""
+
+    def __init__(self, plan: StreamPlan) -> None:
+        self.plan = plan
+        self.readers: dict[tuple[int, int], list[int]] = {}
+
+    def begin_pass(self, epoch: int) -> None:
+        """Called before the pass's dataloader iterator is made."""
+        self.plan.epoch = epoch
+        if epoch != self.plan.resume_epoch:
+            self.plan.resume = None
+            self.readers = {}
+
+    def take(self, batch: Any) -> None:
+        """Remove the mark from a training batch and remember its positions."""
+        mark = batch.pop(POSITION_COLUMN, None) if hasattr(batch, "pop") else None
+        if mark is None:
+            return
+        values = [int(value) for value in mark.flatten().tolist()]
+        if values[0] < 0:
+            raise RuntimeError("a placeholder batch of a resumed stream reached training")
+        for begin in range(0, len(values), MARK_WIDTH):
+            worker, shard, count, *position = values[begin : begin + MARK_WIDTH]
+            given = self.readers.get((worker, shard), [0])[0]
+            self.readers[(worker, shard)] = [given + count, *position]
+
+    def state(self) -> dict[str, list[int]]:
+        """JSON-ready: ``"<worker>:<shard>"`` -> [examples given, *position]."""
+        return {
+            f"{worker}:{shard}": list(value)
+            for (worker, shard), value in sorted(self.readers.items())
+        }
+
+    def layout(self) -> dict[str, int]:
+        """What positions only mean the same under: recorded with them, checked on resume."""
+        plan = self.plan
+        return {"workers": plan.workers, "window": plan.window, "shards": len(plan.shards)}
+
+    def restore(
+        self, epoch: int, readers: dict[str, list[int]], layout: dict[str, int] | None = None
+    ) -> None:
+        """Continue from recorded positions (in pass ``epoch``); refuses a stream laid out
+        otherwise than the one they were recorded in."""
+        _check_layout(layout or {}, self.layout())
+        resume = {}
+        for key, record in readers.items():
+            worker, shard = (int(part) for part in key.split(":"))
+            resume[(worker, shard)] = [int(value) for value in record]
+        self.plan.resume_epoch, self.plan.resume = epoch, resume
+        self.readers = {key: list(record) for key, record in resume.items()}
+
+
+def _check_layout(recorded: dict[str, int], current: dict[str, int]) -> None:
+    was, now = recorded.get("workers", current["workers"]), current["workers"]
+    if was != now:
+        raise ConfigError(
+            f"the checkpoint's stream was read by {was} dataloader workers per process, this "
+            f"run has {now}",
+            f"resume with --dataloader-num-workers {was}",
+        )
+    was, now = recorded.get("window", current["window"]), current["window"]
+    if was != now:
+        raise ConfigError(
+            f"the checkpoint's stream was shuffled in windows of {was} examples, this run's "
+            f"are {now}",
+            f"resume with --shuffle-buffer-size {was if was > 1 else 0}",
+        )
+    was, now = recorded.get("shards", current["shards"]), current["shards"]
+    if was != now:
+        raise ConfigError(
+            f"the training stream has {now} shards, the checkpoint's had {was}: the data or "
+            "the number of processes changed",
+            "resume with the same training data and processes, or start a new run",
+        )
+
+
+def stream_cursor(dataset: Any) -> StreamCursor | None:
+    """The cursor of a training stream made by this module (None for any other data)."""
+    plan = getattr(dataset, "lmctl_plan", None)
+    return StreamCursor(plan) if isinstance(plan, StreamPlan) else None
+
+
+def strip_positions(features: list[Any]) -> tuple[list[Any], list[int] | None, bool]:
+    """A batch's examples without their positions, the batch's mark (see
+    :data:`MARK_WIDTH`; None when the examples carry no positions) and whether the batch is
+    placeholders of a resumed stream."""
+    if not features or not isinstance(features[0], dict) or POSITION_COLUMN not in features[0]:
+        return features, None, False
+    if features[0][POSITION_COLUMN][0] < 0:
+        return features, None, True
+    readers: dict[tuple[int, int], list[int]] = {}
+    clean = []
+    for feature in features:
+        worker, shard, *position = feature[POSITION_COLUMN]
+        count = readers.get((worker, shard), [0])[0]
+        readers[(worker, shard)] = [count + 1, *position]
+        clean.append({key: value for key, value in feature.items() if key != POSITION_COLUMN})
+    mark = [
+        value for (worker, shard), record in readers.items() for value in (worker, shard, *record)
+    ]
+    return clean, mark, False
+
+
+def _worker_id() -> int:
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return 0 if info is None else int(info.id)
+
+
+def _window_order(
+    seed: int, epoch: int, shard: Any, start: tuple[int, ...], size: int
+) -> list[int]:
+    import hashlib
+    import random
+
+    order = list(range(size))
+    if size > 1:
+        digest = hashlib.blake2b(f"{seed}:{epoch}:{shard!r}:{start}".encode(), digest_size=8)
+        random.Random(int.from_bytes(digest.digest(), "little")).shuffle(order)
+    return order
+
+
+def _positioned(
+    shards: list[Any],
+    plan: StreamPlan | None,
+    examples_from: Callable[[Any, ReadPoint], Iterator[tuple[dict[str, Any], ReadPoint]]],
+) -> Generator[dict[str, Any], None, None]:
+    """The examples of ``shards`` (``examples_from(shard, point)`` reads a shard from a
+    point, each example with the point after it); for a training stream shuffled in windows
+    and marked with positions, from where the plan says this worker stopped."""
+    if plan is None:
+        for shard in shards:
+            for example, _ in examples_from(shard, START):
+                yield example
+        return
+    worker, epoch = _worker_id(), plan.epoch
+    for shard in shards:
+        number = plan.shards.index(shard)
+        given, position = plan.seek(worker, number)
+        for _ in range(given):
+            yield {POSITION_COLUMN: [-1]}
+        start: ReadPoint = START if position is None else (position[0], position[1], position[2])
+        skip = 0 if position is None else position[3]
+        examples = examples_from(shard, start)
+        while window := list(islice(examples, max(1, plan.window))):
+            order = _window_order(plan.seed, epoch, shard, start, len(window))
+            end = window[-1][1]
+            for emitted in range(skip, len(window)):
+                example = window[order[emitted]][0]
+                last = emitted + 1 == len(window)
+                example[POSITION_COLUMN] = [
+                    worker,
+                    number,
+                    *(end if last else start),
+                    0 if last else emitted + 1,
+                ]
+                yield example
+            start, skip = end, 0
+
+
+def _chunks_from(
+    shard: Any, read: Callable[..., Iterator[tuple[ChunkKey, list[Any]]]], point: ReadPoint
+) -> Iterator[tuple[ChunkKey, list[Any]]]:
+    """Non-empty batches of at most ``ENCODE_BATCH`` texts or records of ``shard``, from the
+    chunk of ``point`` on, each with its chunk's key."""
+    piece, offset, _ = point
+    for key, batch in read(shard, (piece, offset) if piece >= 0 else None):
+        for begin in range(0, len(batch), ENCODE_BATCH):
+            if batch[begin : begin + ENCODE_BATCH]:
+                yield key, batch[begin : begin + ENCODE_BATCH]
+
+
 def generate_blocks(
     shards: list[Any],
+    plan: StreamPlan | None = None,
     *,
-    read: Callable[[Any], Iterator[list[str]]],
+    read: Callable[..., Iterator[tuple[ChunkKey, list[str]]]],
     encoder: TextEncoder,
     block_size: int,
 ) -> Generator[dict[str, Any], None, None]:
     """Blocks of ``block_size`` tokens from the texts of ``shards``, read in order."""
+    return _positioned(
+        shards, plan, partial(_blocks_from, read=read, encoder=encoder, block_size=block_size)
+    )
+
+
+def _blocks_from(
+    shard: Any,
+    point: ReadPoint,
+    *,
+    read: Callable[..., Iterator[tuple[ChunkKey, list[str]]]],
+    encoder: TextEncoder,
+    block_size: int,
+) -> Iterator[tuple[dict[str, Any], ReadPoint]]:
+    """Blocks from ``point`` (a block's first token), each with the point of the next one."""
+    from collections import deque
+
+    from lmctl.data.tokens import Encoded
+
+    keys: deque[ChunkKey] = deque()
+
+    def texts() -> Iterator[list[str]]:
+        for key, batch in _chunks_from(shard, read, point):
+            keys.append(key)
+            yield batch
+
+    first, skip = point[:2], point[2]
     cutter = BlockCutter(block_size)
-    batches = (batch for shard in shards for batch in _rebatch(read(shard)))
-    for chunk in encoder.encode_stream(batches):
+    #: The encoded batches not yet cut into blocks: (chunk key, first token's index in the
+    #: stream, its index in the chunk, length).
+    spans: deque[tuple[ChunkKey, int, int, int]] = deque()
+    current, seen, fed, cut = None, 0, 0, 0
+    for encoded in encoder.encode_stream(texts()):
+        chunk, key = encoded, keys.popleft()
+        if key != current:
+            current, seen = key, 0
+        offset, seen = seen, seen + len(chunk.ids)
+        if key == first and offset < skip:
+            drop = min(skip - offset, len(chunk.ids))
+            mask = None if chunk.mask is None else chunk.mask[drop:]
+            chunk, offset = Encoded(chunk.ids[drop:], mask), offset + drop
+        if not len(chunk.ids):
+            continue
+        spans.append((key, fed, offset, len(chunk.ids)))
+        fed += len(chunk.ids)
         blocks = cutter.feed(chunk)
         if blocks is None:
             continue
@@ -480,7 +799,11 @@ def generate_blocks(
             example = {"input_ids": blocks.ids[row].tolist()}
             if blocks.mask is not None:
                 example["special_tokens_mask"] = blocks.mask[row].tolist()
-            yield example
+            cut += block_size
+            while spans[0][1] + spans[0][3] < cut:
+                spans.popleft()
+            where, begins, at, _ = spans[0]
+            yield example, (*where, at + cut - begins)
 
 
 #: Turns a batch read from a source (texts or records) into model-ready columns; the
@@ -490,24 +813,35 @@ Encoder = Callable[[list[Any]], dict[str, list[Any]]]
 
 def generate_examples(
     shards: list[Any],
+    plan: StreamPlan | None = None,
     *,
-    read: Callable[[Any], Iterator[list[Any]]],
+    read: Callable[..., Iterator[tuple[ChunkKey, list[Any]]]],
     encode: Encoder,
 ) -> Generator[dict[str, Any], None, None]:
     """One example per record (or line) of ``shards``, tokenized by ``encode``, in order."""
-    for shard in shards:
-        for batch in _rebatch(read(shard)):
-            encoded = encode(batch)
-            keys = list(encoded)
-            for row in range(len(encoded[keys[0]]) if keys else 0):
-                yield {key: encoded[key][row] for key in keys}
+    return _positioned(shards, plan, partial(_examples_from, read=read, encode=encode))
 
 
-def _rebatch(batches: Iterator[list[Any]], size: int = ENCODE_BATCH) -> Iterator[list[Any]]:
-    """At most ``size`` texts per batch, so memory stays bounded whatever the line length."""
-    for batch in batches:
-        for start in range(0, len(batch), size):
-            yield batch[start : start + size]
+def _examples_from(
+    shard: Any,
+    point: ReadPoint,
+    *,
+    read: Callable[..., Iterator[tuple[ChunkKey, list[Any]]]],
+    encode: Encoder,
+) -> Iterator[tuple[dict[str, Any], ReadPoint]]:
+    """Examples from ``point``, each with the point after it."""
+    first, skip = point[:2], point[2]
+    current, seen = None, 0
+    for key, batch in _chunks_from(shard, read, point):
+        if key != current:
+            current, seen = key, 0
+        encoded = encode(batch)
+        names = list(encoded)
+        for row in range(len(encoded[names[0]]) if names else 0):
+            seen += 1
+            if key == first and seen <= skip:
+                continue
+            yield {name: encoded[name][row] for name in names}, (*key, seen)
 
 
 def block_streams(
@@ -534,7 +868,7 @@ def block_streams(
                 f"{source.where}: too few tokens for one block of {block_size}",
                 "use a smaller --block-size/--max-seq-length, or more data",
             )
-        streams[split] = _finish(config, split, _from_generator(generate, source, features))
+        streams[split] = _stream(config, split, generate, source, features)
         console.info(
             f"{split}: streaming {source.where} in {len(source.shards)} shards, "
             f"blocks of {block_size} tokens"
@@ -560,7 +894,7 @@ def example_streams(
             raise DataError(
                 f"{source.where}: no non-empty {unit}s", f"give data with at least one {unit}"
             )
-        streams[split] = _finish(config, split, _from_generator(generate, source, None))
+        streams[split] = _stream(config, split, generate, source, None)
         console.info(
             f"{split}: streaming {source.where} in {len(source.shards)} shards, one example "
             f"per {unit}"
@@ -580,17 +914,30 @@ def _yields_anything(
         examples.close()
 
 
-def _from_generator(generate: Any, source: TextSource, features: Any) -> IterableDataset:
-    from datasets import IterableDataset
+def _stream(
+    config: TrainConfig, split: str, generate: Any, source: TextSource, features: Any
+) -> IterableDataset:
+    """The split's stream. The training stream shuffles its shard order each pass (with
+    ``--seed``) and its examples in windows of ``--shuffle-buffer-size`` inside each reader,
+    and carries positions (see :class:`StreamPlan`); then limits apply."""
+    from datasets import IterableDataset, List, Value
 
-    return IterableDataset.from_generator(
-        generate, features=features, gen_kwargs={"shards": source.shards}
+    plan = None
+    if split == "train":
+        window = max(1, config.shuffle_buffer_size)
+        plan = StreamPlan(config.seed, window, source.shards, config.dataloader_num_workers)
+        if features is not None:
+            features = features.copy()
+            features[POSITION_COLUMN] = List(Value("int64"))
+    stream = IterableDataset.from_generator(
+        generate, features=features, gen_kwargs={"shards": source.shards, "plan": plan}
     )
-
-
-def _finish(config: TrainConfig, split: str, stream: IterableDataset) -> IterableDataset:
-    """Shuffle the training stream (shard order and a buffer of examples) and apply limits."""
-    if split == "train" and config.shuffle_buffer_size > 0:
-        stream = stream.shuffle(seed=config.seed, buffer_size=config.shuffle_buffer_size)
+    if plan is not None and config.shuffle_buffer_size > 0:
+        # The shard order only: a buffer of one example keeps the reading order, which the
+        # generator shuffles in windows it can find again on resume.
+        stream = stream.shuffle(seed=config.seed, buffer_size=1)
     limit = sample_limit(config, split)
-    return stream if limit is None else stream.take(limit)
+    if limit is not None:
+        stream = stream.take(limit)
+    stream.lmctl_plan = plan
+    return stream

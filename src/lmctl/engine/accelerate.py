@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed
 from lmctl.data.batching import LengthGroupedSampler
+from lmctl.data.stream import stream_cursor
 from lmctl.data.tokens import forked_workers
 from lmctl.engine.common import (
     TRACKING_PROJECT,
@@ -29,6 +30,7 @@ from lmctl.engine.common import (
     NonFiniteLoss,
     RunTotals,
     StepReporter,
+    StreamRecord,
     any_process,
     recorded_totals,
     resolve_resume,
@@ -205,6 +207,8 @@ class AccelerateRun:
         # Loop bookkeeping: losses are floats averaged over processes, one per optimizer step.
         self._start = time.time()
         self._position = (0, 0)
+        #: With --streaming: where each dataloader worker of this process is in the stream.
+        self._cursor = stream_cursor(self.prepared.train_dataset)
         self._window_loss: Any = 0.0
         self._step_loss = 0.0
         self._loss_since_log = 0.0
@@ -319,6 +323,8 @@ class AccelerateRun:
 
         loader.set_epoch(epoch)
         loader.collate_fn.epoch = epoch
+        if self._cursor is not None:
+            self._cursor.begin_pass(epoch)
         if batches_done:
             loader = skip_first_batches(loader, batches_done)
         return enumerate(self._even(loader), start=batches_done)
@@ -335,6 +341,8 @@ class AccelerateRun:
         the optimizer and scheduler. Returns whether an optimizer step was made."""
         acc = self.accelerator
         weight = self._window_weight(index, plan)
+        if self._cursor is not None:
+            self._cursor.take(batch)
         with acc.accumulate(self.model):
             loss = self.model(**batch).loss
             acc.backward(loss * weight)
@@ -629,6 +637,8 @@ class AccelerateRun:
             atomic.begin_staging(final, owner="accelerate")
         acc.wait_for_everyone()
         acc.save_state(str(staging))
+        if self._cursor is not None:
+            StreamRecord.of(epoch, batches_done, self._cursor).write(staging, acc.process_index)
         acc.wait_for_everyone()
         if self.is_main:
             self._unwrapped().config.save_pretrained(staging)
@@ -673,6 +683,9 @@ class AccelerateRun:
         self._restored = {"tokens": saved.num_input_tokens_seen, "flos": saved.total_flos}
         self._totals_before = RunTotals.of_checkpoint(checkpoint)
         self._position = (int(position["epoch"]), int(position["batches_done"]))
+        recorded = StreamRecord.read(path, self.accelerator.process_index)
+        if recorded is not None:
+            recorded.continue_in(self._cursor)
         return self._position
 
     def _save_generation_config(self, path: Path) -> None:

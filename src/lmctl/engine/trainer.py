@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed, secrets
+from lmctl.data.stream import StreamCursor, stream_cursor
 from lmctl.data.tokens import forked_workers
 from lmctl.distributed import native_bf16
 from lmctl.engine.common import (
@@ -19,6 +19,7 @@ from lmctl.engine.common import (
     NonFiniteLoss,
     RunTotals,
     StepReporter,
+    StreamRecord,
     any_process,
     recorded_totals,
     resolve_resume,
@@ -299,6 +300,8 @@ def _make_trainer_class() -> type:
         def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
             """One micro-batch; a non-finite loss on any process stops every process (before
             the optimizer step can spoil the weights, and without leaving one waiting)."""
+            if self.stream_position is not None and self.stream_position.cursor is not None:
+                self.stream_position.cursor.take(inputs)
             loss = super().training_step(model, inputs, num_items_in_batch)
             finite = bool(torch.isfinite(loss).all())
             if any_process(self.accelerator, not finite):
@@ -325,6 +328,8 @@ def _make_trainer_class() -> type:
             (the resumed one too) before the dataloader starts collating."""
             if isinstance(self.data_collator, SeededCollator):
                 self.data_collator.epoch = int(kwargs["epoch"])
+            if self.stream_position is not None and self.stream_position.cursor is not None:
+                self.stream_position.cursor.begin_pass(int(kwargs["epoch"]))
             return super()._run_epoch(*args, **kwargs)
 
         def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
@@ -382,47 +387,32 @@ def _make_trainer_class() -> type:
             checkpoint = resume_from_checkpoint
             if self.stream_position is None or checkpoint is None or self.args.ignore_data_skip:
                 return epochs, batches
-            recorded = read_stream_position(Path(checkpoint), self.args.process_index)
+            recorded = StreamRecord.read(Path(checkpoint), self.args.process_index)
             if recorded is None:
                 return epochs, batches
-            self.stream_position.resume_at(*recorded)
-            return recorded
+            self.stream_position.resume_at(recorded)
+            return recorded.epoch, recorded.batches
 
     return LmctlTrainer
-
-
-STREAM_POSITION_FILE = "stream_position.json"
-
-
-def stream_position_file(checkpoint: Path, rank: int) -> Path:
-    """Each process records its own position: ``stream_position.json`` for the first,
-    ``stream_position-<rank>.json`` for the others."""
-    return checkpoint / (STREAM_POSITION_FILE if rank == 0 else f"stream_position-{rank}.json")
-
-
-def read_stream_position(checkpoint: Path, rank: int = 0) -> tuple[int, int] | None:
-    try:
-        text = stream_position_file(checkpoint, rank).read_text(encoding="utf-8")
-        data = json.loads(text)
-        return int(data["epoch"]), int(data["batches"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _stream_position_class() -> type:
     from transformers import TrainerCallback
 
     class StreamPosition(TrainerCallback):
-        """Which pass over the stream training is in and how many batches of it were read;
-        written into every checkpoint so that a resumed run reads on from the same place."""
+        """Which pass over the stream training is in, how many batches of it were read and
+        where each dataloader worker is (``cursor``); written into every checkpoint so that a
+        resumed run reads on from the same place."""
 
-        def __init__(self) -> None:
+        def __init__(self, cursor: StreamCursor | None) -> None:
             self.epoch = -1
             self.batches = 0
+            self.cursor = cursor
             self._resuming = False
 
-        def resume_at(self, epoch: int, batches: int) -> None:
-            self.epoch, self.batches, self._resuming = epoch, batches, True
+        def resume_at(self, recorded: StreamRecord) -> None:
+            self.epoch, self.batches, self._resuming = recorded.epoch, recorded.batches, True
+            recorded.continue_in(self.cursor)
 
         def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self._resuming:
@@ -436,8 +426,7 @@ def _stream_position_class() -> type:
 
         def write(self, checkpoint: Path, rank: int) -> None:
             """Record this process's position inside a checkpoint that is being written."""
-            position = {"epoch": self.epoch, "batches": self.batches, "rank": rank}
-            stream_position_file(checkpoint, rank).write_text(json.dumps(position) + "\n")
+            StreamRecord.of(self.epoch, self.batches, self.cursor).write(checkpoint, rank)
 
     return StreamPosition
 
@@ -518,7 +507,8 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
     trainer.train_lengths = prepared.train_lengths
     trainer.remove_callback(PrinterCallback)
     if config.streaming:
-        trainer.stream_position = _stream_position_class()()
+        cursor = stream_cursor(prepared.train_dataset)
+        trainer.stream_position = _stream_position_class()(cursor)
         trainer.add_callback(trainer.stream_position)
 
     with _tracker_run(config, prepared.run_dir):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 from lmctl.config.base import TrainConfig
 from lmctl.config.fields import PANEL_OBJECTIVE, option
 from lmctl.data.load import cached_map, group_into_blocks, text_column, tokenizer_fingerprint
+from lmctl.data.stream import POSITION_COLUMN, strip_positions
 from lmctl.data.tokens import LineEncoder, is_blank, write_lines
 from lmctl.errors import DataError
 from lmctl.models.build import max_positions
@@ -552,9 +553,17 @@ class SeededCollator:
     def __call__(self, features: list[dict[str, Any]]) -> Any:
         import torch
 
+        features, mark, placeholders = strip_positions(features)
+        if placeholders:
+            # Batches a resumed stream yields in place of those trained on before: skipped
+            # by the engine, never collated.
+            return {POSITION_COLUMN: torch.tensor([[-1, len(features)]])}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self._batch_seed(features))
-            return self.collator(features)
+            batch = self.collator(features)
+        if mark is not None:
+            batch[POSITION_COLUMN] = torch.tensor([mark], dtype=torch.int64)
+        return batch
 
 
 def _token_bytes(ids: Any) -> bytes:
