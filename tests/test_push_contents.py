@@ -130,3 +130,11 @@ def test_a_checkpoint_is_pushed_without_its_training_state(
     published = {p.name for p in dest.iterdir()}
     assert "model.safetensors" in published and not published & TRAINING_STATE
     assert "all_results.json" not in published
+
+
+def test_every_process_stream_position_is_training_state() -> None:
+    from lmctl.publish import _is_state
+
+    for name in ("stream_position.json", "stream_position-1.json", "stream_position-12.json"):
+        assert _is_state((name,)), name
+    assert not _is_state(("config.json",))

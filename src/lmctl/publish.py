@@ -57,7 +57,7 @@ _CARD_VERSIONS = re.compile(r"^## Framework versions\n\n((?:- \S+ .+\n?)+)", re.
 TRAINING_STATE = re.compile(
     r"^(optimizer|scheduler|scaler)(_\d+)?\.(pt|bin|safetensors)$|^rng_state(_\d+)?\.pth$"
     r"|^random_states_\d+\.pkl$|^custom_checkpoint_\d+\.pkl$|^sampler(_\d+)?\.bin$"
-    r"|^dl_state_dict(_\d+)?\.bin$|^(trainer_state|stream_position)\.json$"
+    r"|^dl_state_dict(_\d+)?\.bin$|^trainer_state\.json$|^stream_position(-\d+)?\.json$"
     r"|^training_args\.bin$|^latest$|^zero_to_fp32\.py$|^" + re.escape(rundir.MANIFEST_FILE) + "$"
 )
 #: Folders of training state inside a checkpoint (DeepSpeed's ZeRO state, FSDP's optimizer).
