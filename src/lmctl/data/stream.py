@@ -618,28 +618,30 @@ class StreamCursor:
         self.readers = {key: list(record) for key, record in resume.items()}
 
 
+#: For each part of a stream's layout: the problem and the fix when a resume changes it.
+_LAYOUT_CHANGES: dict[str, Callable[[int, int], tuple[str, str]]] = {
+    "workers": lambda was, now: (
+        f"the checkpoint's stream was read by {was} dataloader workers per process, this run "
+        f"has {now}",
+        f"resume with --dataloader-num-workers {was}",
+    ),
+    "window": lambda was, now: (
+        f"the checkpoint's stream was shuffled in windows of {was} examples, this run's are {now}",
+        f"resume with --shuffle-buffer-size {was if was > 1 else 0}",
+    ),
+    "shards": lambda was, now: (
+        f"the training stream has {now} shards, the checkpoint's had {was}: the data or the "
+        "number of processes changed",
+        "resume with the same training data and processes, or start a new run",
+    ),
+}
+
+
 def _check_layout(recorded: dict[str, int], current: dict[str, int]) -> None:
-    was, now = recorded.get("workers", current["workers"]), current["workers"]
-    if was != now:
-        raise ConfigError(
-            f"the checkpoint's stream was read by {was} dataloader workers per process, this "
-            f"run has {now}",
-            f"resume with --dataloader-num-workers {was}",
-        )
-    was, now = recorded.get("window", current["window"]), current["window"]
-    if was != now:
-        raise ConfigError(
-            f"the checkpoint's stream was shuffled in windows of {was} examples, this run's "
-            f"are {now}",
-            f"resume with --shuffle-buffer-size {was if was > 1 else 0}",
-        )
-    was, now = recorded.get("shards", current["shards"]), current["shards"]
-    if was != now:
-        raise ConfigError(
-            f"the training stream has {now} shards, the checkpoint's had {was}: the data or "
-            "the number of processes changed",
-            "resume with the same training data and processes, or start a new run",
-        )
+    for name, change in _LAYOUT_CHANGES.items():
+        was, now = recorded.get(name, current[name]), current[name]
+        if was != now:
+            raise ConfigError(*change(was, now))
 
 
 def stream_cursor(dataset: Any) -> StreamCursor | None:
@@ -735,8 +737,7 @@ def _chunks_from(
     piece, offset, _ = point
     for key, batch in read(shard, (piece, offset) if piece >= 0 else None):
         for begin in range(0, len(batch), ENCODE_BATCH):
-            if batch[begin : begin + ENCODE_BATCH]:
-                yield key, batch[begin : begin + ENCODE_BATCH]
+            yield key, batch[begin : begin + ENCODE_BATCH]
 
 
 def generate_blocks(
