@@ -178,3 +178,36 @@ def test_hub_dataset_offline_fails_fast(tmp_path: Path, bpe_tokenizer: Path) -> 
         timeout=120,
     )
     assert_clean_failure(proc, 6, "--dataset-name wikitext", "unreachable")
+
+
+def test_interrupt_outside_training_says_how_to_go_on(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (or SIGTERM) outside the training loop: exit 130, one line that does not claim
+    the run never trained (it may come after the last step, while results are written)."""
+    import io
+    import json
+    import signal
+    import warnings
+
+    from lmctl.cli.runner import _run
+    from lmctl.console import Console, OutputOptions
+    from lmctl.errors import ExitCode
+
+    def body(console: Console) -> None:
+        raise KeyboardInterrupt
+
+    # The runner installs its SIGTERM handler and warning display: both undone after the test.
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+    previous = signal.getsignal(signal.SIGTERM)
+    out = io.StringIO()
+    try:
+        code = _run(body, Console(OutputOptions(json=True), out), "train clm")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == ExitCode.INTERRUPTED == 130
+    result = json.loads(out.getvalue())
+    assert result["status"] == "error" and result["exit_code"] == 130
+    err = capsys.readouterr().err
+    assert "interrupted outside the training loop" in err
+    assert "lmctl resume" in err and "Traceback" not in err

@@ -3,10 +3,13 @@ on (token ids, padding and masking undone) to ``$LMCTL_RECORD_DIR/rank-<RANK>.js
 ``$LMCTL_STEP_DELAY`` seconds of sleep per training forward slow a tiny run down enough to
 kill it between two checkpoints; ``$LMCTL_NAN_RANK`` makes that process's loss NaN from the
 third training forward on. Training batches are seen in the model's own forward, or where
-lmctl takes the loss from the hidden states, in the body's pass that replaces it."""
+lmctl takes the loss from the hidden states, in the body's pass that replaces it. At exit,
+each process writes ``exit-<RANK>.json``: whether its process group was still up when the
+interpreter began to shut down."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
@@ -73,6 +76,15 @@ def _recording_hidden(hidden: Any) -> Any:
     return wrapped
 
 
+def _record_exit() -> None:
+    folder = os.environ.get("LMCTL_RECORD_DIR")
+    if folder:
+        alive = torch.distributed.is_available() and torch.distributed.is_initialized()
+        exit_file = Path(folder) / f"exit-{os.environ.get('RANK', '0')}.json"
+        exit_file.write_text(json.dumps({"process_group": alive}))
+
+
+atexit.register(_record_exit)
 GPT2LMHeadModel.forward = _recording(GPT2LMHeadModel.forward)  # type: ignore[method-assign]
 BertForMaskedLM.forward = _recording(BertForMaskedLM.forward)  # type: ignore[method-assign]
 TiledHead.hidden = _recording_hidden(TiledHead.hidden)  # type: ignore[method-assign]

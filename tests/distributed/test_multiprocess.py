@@ -89,6 +89,9 @@ def test_two_processes_train_one_model_on_disjoint_data(
     ranks = [records(seen, 0), records(seen, 1)]
     assert all(len(rows) == 10 * 4 for rows in ranks), [len(rows) for rows in ranks]
     assert not set(ranks[0]) & set(ranks[1]), "two ranks trained on the same example"
+    # Torn down by lmctl, not left to interpreter shutdown (where gloo can abort a process).
+    for rank in (0, 1):
+        assert json.loads((seen / f"exit-{rank}.json").read_text()) == {"process_group": False}
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= {
         p.name for p in (out / "checkpoint-10").iterdir()
     } or {"random_states_0.pkl", "random_states_1.pkl"} <= {

@@ -63,7 +63,13 @@ def _run(
     except KeyboardInterrupt:
         console.stop_progress()
         code = ExitCode.INTERRUPTED
-        console.error("interrupted before training started; nothing to resume")
+        # Outside the training loop: before its first step, or while the run's results were
+        # written after its last one (a checkpoint may exist then).
+        console.error(
+            "interrupted outside the training loop",
+            "if the run directory holds a checkpoint, `lmctl resume DIR` finishes the run; "
+            "otherwise run the command again",
+        )
         payload = {"error": "interrupted"}
     except Exception as exc:
         console.stop_progress()

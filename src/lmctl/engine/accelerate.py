@@ -32,6 +32,7 @@ from lmctl.engine.common import (
     StepReporter,
     StreamRecord,
     any_process,
+    end_processes,
     recorded_totals,
     resolve_resume,
     whole_run,
@@ -221,11 +222,9 @@ class AccelerateRun:
         self._eval_count = 0  # examples seen by the last evaluation
 
     def close(self) -> None:
-        """Finish the trackers and the process group. The distributed model goes first: its
-        gradient reducer must not outlive the process group (its teardown would hang)."""
+        """Finish the trackers and the process group, the distributed model first."""
         self.model = self.optimizer = self.scheduler = self.eval_loader = None
-        self.accelerator.free_memory()
-        self.accelerator.end_training()
+        end_processes(self.accelerator)
 
     # The loop --------------------------------------------------------------------------------
     def run(self) -> EngineResult:

@@ -199,6 +199,16 @@ def any_process(accelerator: Any, flag: bool) -> bool:
     return bool(accelerator.reduce(value, "sum").item() > 0)
 
 
+def end_processes(accelerator: Any) -> None:
+    """Release what the accelerator holds, then the process group, while the interpreter is
+    fully alive. The caller drops its references to the distributed model first: a gradient
+    reducer must not outlive the process group (its teardown would hang). A gloo group left to
+    interpreter shutdown can abort a process after a successful run (SIGABRT, "terminate
+    called without an active exception"), and the launcher then stops every other process."""
+    accelerator.free_memory()
+    accelerator.end_training()
+
+
 def resolve_resume(config: TrainConfig, run_dir: Path, console: Console) -> str | None:
     """The checkpoint to resume from: the one named, or with 'auto' the newest complete one."""
     if config.resume_from_checkpoint is None:

@@ -21,6 +21,7 @@ from lmctl.engine.common import (
     StepReporter,
     StreamRecord,
     any_process,
+    end_processes,
     recorded_totals,
     resolve_resume,
     whole_run,
@@ -511,8 +512,17 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
         trainer.stream_position = _stream_position_class()(cursor)
         trainer.add_callback(trainer.stream_position)
 
-    with _tracker_run(config, prepared.run_dir):
-        return _train_and_evaluate(trainer, prepared, args, console, stop)
+    try:
+        with _tracker_run(config, prepared.run_dir):
+            return _train_and_evaluate(trainer, prepared, args, console, stop)
+    finally:
+        _close(trainer)
+
+
+def _close(trainer: Any) -> None:
+    """Release the distributed model, then the process group."""
+    trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = trainer.deepspeed = None
+    end_processes(trainer.accelerator)
 
 
 def _tracker_run(config: TrainConfig, run_dir: Path) -> Any:
