@@ -23,3 +23,19 @@ def test_sides_alternate_and_ratios_are_of_medians() -> None:
         in text
     )
     assert "shared" in text
+
+
+def test_a_lower_figure_at_or_below_zero_meets_its_target_without_a_ratio() -> None:
+    """Memory growth within the noise of the loaded model's peak can come out negative: the
+    target (at most half the baseline's) is met, and no ratio is printed for it."""
+    growth = Figure("e", "growth", "MiB", [-20.0, -19.0, 15.0], [245.0, 253.0, 255.0], "lower", 2.0)
+    assert growth.ratio() is None and growth.met() is True
+    args = argparse.Namespace(quick=True, reps=3, shared=False)
+    assert (
+        "| e | growth | MiB | -20.0 / -19.0 / 15.0 | 245.0 / 253.0 / 255.0 |  | >= 2x | yes |"
+        in (render([growth], {"cores": 2}, args, 1.0))
+    )
+    worse = Figure("e", "growth", "MiB", [150.0, 160.0, 170.0], [245.0, 253.0, 255.0], "lower", 2.0)
+    assert worse.met() is False and worse.ratio() == 253.0 / 160.0
+    slower = Figure("t", "speed", "x/s", [10.0, 14.0, 15.0], [10.0, 11.0, 12.0], "higher", 1.3)
+    assert slower.met() is False  # 14 / 11 = 1.27
