@@ -13,9 +13,9 @@ import typer
 
 from lmctl import secrets
 from lmctl.console import Console, OutputOptions, own_stdout
-from lmctl.distributed import is_main_process
+from lmctl.distributed import is_main_process, launched
 from lmctl.errors import Delegated, ExitCode, Interrupted, LmctlError, TrainingFailed
-from lmctl.run.launch import report_exit_code
+from lmctl.run.launch import end_launched_process, report_exit_code
 from lmctl.run.signals import sigterm_as_interrupt
 
 
@@ -35,6 +35,8 @@ def run_command(
         output = replace(output, quiet=True, json=False)
     with own_stdout() as out:
         code = _run(body, Console(output, out), command)
+    if launched():
+        end_launched_process(code)
     if code != ExitCode.OK:
         raise typer.Exit(int(code))
 

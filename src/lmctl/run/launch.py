@@ -7,15 +7,17 @@ environment (``RANK``, ``WORLD_SIZE``) and run the command as one rank each.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from lmctl.config.fields import flag_name
 from lmctl.distributed import is_main_process, launched
@@ -122,6 +124,27 @@ def report_exit_code(code: int) -> None:
     if exit_file and is_main_process():
         with suppress(OSError):
             Path(exit_file).write_text(f"{int(code)}\n")
+
+
+def end_launched_process(code: int) -> NoReturn:
+    """End a process a launcher started, once its command has finished and reported.
+
+    Everything Python's own exit does for the program runs first: other threads are waited
+    for, exit handlers run (logging, trackers, worker processes), stdout and stderr are
+    flushed. Then the process ends without interpreter shutdown. That shutdown destroys
+    torch's native objects (thread pools, the rendezvous store's client) in an order that now
+    and then aborts a process after a run that succeeded ("terminate called without an active
+    exception"); the launcher then stops the other processes and reports the run as failed.
+    """
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(Exception):
+            stream.flush()
+    os._exit(int(code))
 
 
 def _result_stream(console: Console) -> Any:
