@@ -4,7 +4,9 @@ this way, seeded runs repeatable, and evaluation and saved models untouched."""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 import statistics
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,15 @@ from transformers import (
     GPT2LMHeadModel,
 )
 
+from lmctl.models import dropout as fast
 from lmctl.models.dropout import ATTENTION, draw_scale, dropout, train_with_fast_dropout
+
+
+@pytest.fixture
+def every_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tiny models' tensors are drawn the fast way too (by default tensors under
+    ``SMALLEST`` elements keep PyTorch's dropout)."""
+    monkeypatch.setattr(fast, "SMALLEST", 1)
 
 
 def _bert(drop: float = 0.1, attention: str = "sdpa") -> BertForMultipleChoice:
@@ -102,6 +112,7 @@ def test_seeded_draws_repeat_and_the_gradient_is_the_mask() -> None:
 
 
 @pytest.mark.parametrize(("build", "batch"), MODELS)
+@pytest.mark.usefixtures("every_size")
 def test_every_dropout_of_a_training_forward_is_drawn_so(build: Any, batch: Any) -> None:
     stock, model = build(), build()
     assert train_with_fast_dropout(model)
@@ -123,6 +134,7 @@ def test_every_dropout_of_a_training_forward_is_drawn_so(build: Any, batch: Any)
 
 
 @pytest.mark.parametrize(("build", "batch"), MODELS)
+@pytest.mark.usefixtures("every_size")
 def test_training_loss_has_the_stock_expectation(build: Any, batch: Any) -> None:
     """Over 300 draws, the mean training loss of each way is within four standard errors."""
     inputs = batch()
@@ -142,6 +154,7 @@ def test_training_loss_has_the_stock_expectation(build: Any, batch: Any) -> None
     assert gap < 4 * error, (gap, error)
 
 
+@pytest.mark.usefixtures("every_size")
 def test_seeded_training_repeats() -> None:
     inputs = _choices()
     losses = []
@@ -176,3 +189,23 @@ def test_nothing_of_it_is_saved(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "config.json").read_text())["attention_probs_dropout_prob"] == 0.1
     reloaded = AutoModelForMultipleChoice.from_pretrained(tmp_path)
     assert reloaded.config._attn_implementation == "sdpa"
+
+
+def test_small_tensors_keep_pytorchs_dropout() -> None:
+    """Under ``SMALLEST`` elements a few fixed operators cost more than the draw saves."""
+    model = _bert()
+    assert train_with_fast_dropout(model)
+    model.train()
+    inputs = _choices()
+    with _Ops() as ops:
+        model(**inputs).loss.backward()
+    assert "bernoulli_" in ops.names or "native_dropout" in ops.names
+    assert "randint" not in ops.names and "random_" not in ops.names
+
+
+def test_the_model_still_pickles_and_copies() -> None:
+    model = _bert()
+    assert train_with_fast_dropout(model)
+    for copied in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        droppers = [m for m in copied.modules() if isinstance(m, torch.nn.Dropout)]
+        assert droppers and all(type(m) is fast.CpuDropout for m in droppers)

@@ -158,8 +158,8 @@ def prepare(
             and train_with_fast_dropout(model)
         ):
             console.info(
-                "dropout: masks drawn from 16 random bits an element (faster on a CPU; the "
-                "same expectation)"
+                "dropout: masks of 16,384 elements or more drawn from 16 random bits an "
+                "element (faster on a CPU; the same expectation)"
             )
     lengths = None
     train = prepared.train_dataset

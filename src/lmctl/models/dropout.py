@@ -10,64 +10,44 @@ the kept elements are scaled by the inverse of that rounded keep rate, so each o
 expectation is its input, exactly as with PyTorch's dropout. The bits come from the default
 generator, so seeded runs repeat and a resumed run draws what the uninterrupted one drew.
 
-While the model's training forward runs, a :class:`torch.overrides.TorchFunctionMode`
-routes ``torch.nn.functional.dropout`` (which ``nn.Dropout`` and the eager attention
-functions call) here. The attention dropout, which PyTorch's ``scaled_dot_product_attention``
-would draw inside its math kernel (its fused CPU kernels draw none), goes through the
-model's own eager attention instead: an attention function registered with transformers'
-``AttentionInterface`` picks it where a CPU draws attention dropout and sdpa everywhere else,
-with the masks the eager attention takes (sdpa computes the same with them). Without the
-faster dropout the two attentions train at the same speed here, and draw the same numbers.
+The model's ``nn.Dropout`` modules become :class:`CpuDropout` (a subclass that draws this
+way in training mode on CPU tensors). The attention dropout, which PyTorch's
+``scaled_dot_product_attention`` would draw inside its math kernel (its fused CPU kernels draw
+none), goes through the model's own eager attention instead: an attention function
+registered with transformers' ``AttentionInterface`` picks it where a CPU draws attention
+dropout, with a :class:`torch.overrides.TorchFunctionMode` routing the eager attention's
+``torch.nn.functional.dropout`` here for that call only, and sdpa everywhere else, with the
+masks the eager attention takes (sdpa computes the same with them). Without the faster
+dropout the two attentions train at the same speed here, and draw the same numbers. Nothing
+else of the model's forward passes through the mode, whose Python dispatch would cost every
+operator a few microseconds (a tiny model's step took twice as long with the whole forward
+under it).
 
-Evaluation, forwards without gradients and anything saved are the model's own: the saved
+Evaluation and anything saved are the model's own: the state dict is unchanged and the saved
 config names no attention implementation. Machines with an accelerator, whose dropout is a
 fused kernel, keep PyTorch's.
 """
 
 from __future__ import annotations
 
-import inspect
 import sys
-import types
 from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
 
 #: The name the attention function is registered under.
 ATTENTION = "lmctl_cpu_training"
 #: Random bits per element of a mask.
 BITS = 16
-
-_DROPOUT: Any = None
-
-
-def _dropout_function() -> Any:
-    """The autograd function that applies a mask drawn by :func:`draw_scale` (built once,
-    torch imported only when a model trains)."""
-    global _DROPOUT
-    if _DROPOUT is not None:
-        return _DROPOUT
-    import torch
-
-    class FastDropout(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, inputs: Any, p: float) -> Any:
-            scale = draw_scale(inputs, p)
-            ctx.save_for_backward(scale)
-            return inputs * scale
-
-        @staticmethod
-        def backward(ctx: Any, grad: Any) -> Any:
-            (scale,) = ctx.saved_tensors
-            return grad * scale, None
-
-    _DROPOUT = FastDropout
-    return _DROPOUT
+#: Tensors with fewer elements keep PyTorch's dropout: for them the few extra operators
+#: cost more than the faster draw saves (measured: the two break even near 16,384).
+SMALLEST = 2**14
 
 
-def draw_scale(inputs: Any, p: float) -> Any:
+def draw_scale(inputs: torch.Tensor, p: float) -> torch.Tensor:
     """A tensor shaped and typed like ``inputs``: 0 where an element is dropped (with
     probability ``p`` rounded to a multiple of 2**-16), the inverse keep rate elsewhere."""
-    import torch
-
     count = inputs.numel()
     per_draw = 64 // BITS
     words = torch.randint(
@@ -79,61 +59,77 @@ def draw_scale(inputs: Any, p: float) -> Any:
     return kept.to(inputs.dtype).mul_(2**BITS / (2**BITS - dropped))
 
 
-def dropout(inputs: Any, p: float) -> Any:
+class _Dropout(torch.autograd.Function):
+    """Multiply by a mask drawn with :func:`draw_scale`; the gradient is the same mask."""
+
+    @staticmethod
+    def forward(ctx: Any, inputs: torch.Tensor, p: float) -> torch.Tensor:
+        scale = draw_scale(inputs, p)
+        ctx.save_for_backward(scale)
+        return inputs * scale
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        (scale,) = ctx.saved_tensors
+        return grad * scale, None
+
+
+def dropout(inputs: torch.Tensor, p: float) -> torch.Tensor:
     """Training dropout of ``inputs`` with probability ``p`` (0 < p < 1)."""
-    return _dropout_function().apply(inputs, p)
+    return _Dropout.apply(inputs, p)
 
 
-_MODE: Any = None
+def _applies(inputs: Any, p: float, training: bool, inplace: bool) -> bool:
+    return (
+        training
+        and not inplace
+        and 0 < p < 1
+        and inputs.device.type == "cpu"
+        and inputs.numel() >= SMALLEST
+    )
 
 
-def _mode() -> Any:
-    """A torch function mode that draws ``torch.nn.functional.dropout``'s training masks
-    with :func:`dropout` for CPU tensors (built once)."""
-    global _MODE
-    if _MODE is not None:
-        return _MODE
-    import torch
-    from torch.overrides import TorchFunctionMode
+class CpuDropout(torch.nn.Dropout):
+    """``nn.Dropout`` whose training masks on CPU tensors are drawn by :func:`dropout`."""
 
-    functional = torch.nn.functional
-    accepted = inspect.signature(functional.dropout)
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if _applies(input, self.p, self.training, self.inplace):
+            return dropout(input, self.p)
+        return super().forward(input)
 
-    class DropoutMode(TorchFunctionMode):
-        def __torch_function__(
-            self, func: Any, classes: Any, args: Any = (), kwargs: Any = None
-        ) -> Any:
-            kwargs = kwargs or {}
-            if func is functional.dropout:
-                bound = accepted.bind(*args, **kwargs)
-                bound.apply_defaults()
-                given = bound.arguments
-                inputs, p = given["input"], given["p"]
-                if (
-                    given["training"]
-                    and not given["inplace"]
-                    and 0 < p < 1
-                    and inputs.device.type == "cpu"
-                ):
-                    return dropout(inputs, p)
-            return func(*args, **kwargs)
 
-    _MODE = DropoutMode
-    return _MODE
+class _FunctionalDropout(TorchFunctionMode):
+    """Draws ``torch.nn.functional.dropout``'s training masks on CPU tensors with
+    :func:`dropout`; every other function runs as it is."""
+
+    def __torch_function__(
+        self, func: Any, classes: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.dropout:
+            given = dict(zip(("input", "p", "training", "inplace"), args, strict=False))
+            given.update(kwargs)
+            inputs, p = given["input"], given.get("p", 0.5)
+            if _applies(inputs, p, given.get("training", True), given.get("inplace", False)):
+                return dropout(inputs, p)
+        return func(*args, **kwargs)
 
 
 def _attention(
     module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any
 ) -> Any:
-    """The model's eager attention where a CPU draws attention dropout; sdpa elsewhere (as
-    the model's modelling code maps it, which may override transformers' own)."""
+    """The model's eager attention, its dropout drawn by :func:`dropout`, where a CPU draws
+    attention dropout; sdpa elsewhere (as the model's modelling code maps it, which may
+    override transformers' own)."""
     from transformers import AttentionInterface
 
     modelling = sys.modules[type(module).__module__]
-    if kwargs.get("dropout", 0.0) and query.device.type == "cpu":
+    weights = query.shape[:-1].numel() * key.shape[-2]  # the attention map's elements
+    if kwargs.get("dropout", 0.0) and query.device.type == "cpu" and weights >= SMALLEST:
         eager = getattr(modelling, "eager_attention_forward", None)
         if eager is not None:
-            return eager(module, query, key, value, attention_mask, **kwargs)
+            with _FunctionalDropout():
+                return eager(module, query, key, value, attention_mask, **kwargs)
     functions = getattr(modelling, "ALL_ATTENTION_FUNCTIONS", None) or AttentionInterface()
     return functions["sdpa"](module, query, key, value, attention_mask, **kwargs)
 
@@ -155,25 +151,16 @@ def _eager_attention_where_dropout(model: Any) -> None:
 
 
 def train_with_fast_dropout(model: Any) -> bool:
-    """Make ``model``'s training forward draw dropout with :func:`dropout`, where it has
-    dropout and the machine no accelerator; returns whether it does. A training call is one
-    in training mode with gradients on; every other call is the model's own."""
-    import torch
-
-    if torch.accelerator.is_available() or not any(
-        isinstance(module, torch.nn.Dropout) and module.p > 0 for module in model.modules()
-    ):
+    """Make ``model`` draw its training dropout with :func:`dropout`, where it has dropout
+    and the machine no accelerator; returns whether it does."""
+    droppers = [
+        module
+        for module in model.modules()
+        if type(module) is torch.nn.Dropout and module.p > 0 and not module.inplace
+    ]
+    if torch.accelerator.is_available() or not droppers:
         return False
+    for module in droppers:
+        module.__class__ = CpuDropout
     _eager_attention_where_dropout(model)
-    own = model.forward
-    mode = _mode()
-
-    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not self.training or not torch.is_grad_enabled():
-            return own(*args, **kwargs)
-        with mode():
-            return own(*args, **kwargs)
-
-    forward.__signature__ = inspect.signature(own)  # type: ignore[attr-defined]
-    model.forward = types.MethodType(forward, model)
     return True
