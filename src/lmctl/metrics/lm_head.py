@@ -10,10 +10,16 @@ carried from one tile to the next, the same numbers come out in about 60% of the
 the logits of only one tile exist at once.
 
 Training needs the whole row of a position's logits for its softmax gradient, so the training
-loss is cut into tiles of rows only: each tile's logits are computed, turned into the loss and
-into the gradients of the hidden states and of the output layer at once, and dropped. The
-logits, their softmax and their gradient (three full-vocabulary tensors per batch) never
-exist, and the backward pass only scales the gradients already computed.
+loss is cut into tiles of rows, each spanning the vocabulary in spans of 1024 entries: a
+span's logits are computed, less their maximum and exponentiated while they are in the cache;
+the tile's normalisers come from the spans' maxima and sums; then span by span the softmax
+becomes the gradient of the hidden states and of the output layer, and the target's one-hot
+share is subtracted from both at the end. Every matmul is of a 256 x 1024 tile, a shape the
+CPU's matmul runs near its peak (one 256 x 30,522 matmul runs at about half of it), so the
+output layer's forward and backward take about a third less time than the model's own
+(8 x 128 tokens, 30,522 entries: 0.43 s against 0.65 s on two cores), and the batch's
+logits, their softmax and their gradient (three full-vocabulary tensors) never exist, only
+one tile's: the backward pass only scales the gradients already computed.
 
 Bottom layer: imports nothing else of lmctl.
 """
@@ -27,8 +33,10 @@ from typing import Any
 #: Hidden-state rows and vocabulary entries per tile: 1024 x 1024 fp32 logits are 4 MB.
 ROWS = 1024
 ENTRIES = 1024
-#: Rows per tile of the training loss, whose tiles span the whole vocabulary.
-TRAINING_ROWS = 128
+#: Rows per tile of the training loss, whose tiles span the whole vocabulary, and
+#: vocabulary entries per span of a tile: 256 x 1024 fp32 logits are 1 MB.
+TRAINING_ROWS = 256
+TRAINING_ENTRIES = 1024
 
 
 @dataclass(frozen=True)
@@ -119,16 +127,51 @@ def next_token_loss(
     num_items: Any = None,
     *,
     rows: int = TRAINING_ROWS,
+    entries: int = TRAINING_ENTRIES,
 ) -> Any:
     """The causal-LM training loss of predicting ``labels[:, 1:]`` from ``hidden[:, :-1]``
     through the output layer, differentiable in ``hidden``, ``weight`` and ``bias``; the
     same number as the models' own loss (transformers' ``ForCausalLMLoss``): the mean over
     the positions not labelled -100, or with ``num_items`` their sum divided by it."""
     states, targets = _next_token_pairs(hidden, labels)
-    loss_sum, count = _tiled_loss_function().apply(states, weight, bias, targets, rows)
+    loss_sum, count = _tiled_loss_function().apply(states, weight, bias, targets, rows, entries)
     if num_items is not None:
         return loss_sum / num_items
     return loss_sum / count
+
+
+def _spans(vocabulary: int, entries: int) -> list[tuple[int, int]]:
+    return [(low, min(low + entries, vocabulary)) for low in range(0, vocabulary, entries)]
+
+
+def _exponentiated(
+    state: Any, matrix: Any, offset: Any, spans: list[tuple[int, int]]
+) -> tuple[list[Any], Any, Any]:
+    """The logits ``state @ matrix.T + offset`` of each span of the vocabulary, less the
+    span's maximum per row and exponentiated, in float32 (one buffer of rows x vocabulary);
+    with the maxima and the sums of the exponentials, spans x rows."""
+    import torch
+
+    count, device = state.shape[0], state.device
+    buffer = torch.empty(count * matrix.shape[0], dtype=torch.float32, device=device)
+    maxima = torch.empty(len(spans), count, dtype=torch.float32, device=device)
+    totals = torch.empty_like(maxima)
+    pieces = []
+    for index, (low, high) in enumerate(spans):
+        piece = buffer[low * count : high * count].view(count, high - low)
+        part = matrix[low:high].T
+        if state.dtype != torch.float32:
+            logits = state @ part if offset is None else torch.addmm(offset[low:high], state, part)
+            piece.copy_(logits)
+        elif offset is None:
+            torch.mm(state, part, out=piece)
+        else:
+            torch.addmm(offset[low:high], state, part, out=piece)
+        torch.amax(piece, dim=1, out=maxima[index])
+        piece.sub_(maxima[index][:, None]).exp_()
+        torch.sum(piece, dim=1, out=totals[index])
+        pieces.append(piece)
+    return pieces, maxima, totals
 
 
 _TILED_LOSS: Any = None
@@ -148,7 +191,7 @@ def _tiled_loss_function() -> Any:
 
         @staticmethod
         def forward(  # noqa: PLR0917 (autograd passes its inputs by position)
-            ctx: Any, states: Any, weight: Any, bias: Any, targets: Any, rows: int
+            ctx: Any, states: Any, weight: Any, bias: Any, targets: Any, rows: int, entries: int
         ) -> Any:
             device = states.device.type
             # The matmuls run in the autocast dtype where autocast is on (as the output
@@ -161,6 +204,7 @@ def _tiled_loss_function() -> Any:
             )
             matrix = weight.to(compute)
             offset = None if bias is None else bias.to(compute)
+            spans = _spans(weight.shape[0], entries)
             grad_states = torch.empty_like(states)
             grad_weight = torch.zeros_like(weight, dtype=torch.float32)
             grad_bias = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
@@ -169,27 +213,42 @@ def _tiled_loss_function() -> Any:
                 for start in range(0, states.shape[0], rows):
                     state = states[start : start + rows].to(compute)
                     target = targets[start : start + rows]
-                    logits = state @ matrix.T
-                    if offset is not None:
-                        logits += offset
-                    logits = logits.float()
                     scored = target != -100
                     picked = target.clamp(min=0)
-                    normaliser = torch.logsumexp(logits, dim=-1)
-                    chosen = logits.gather(1, picked[:, None]).squeeze(1)
-                    loss_sum += ((normaliser - chosen) * scored).sum()
-                    # d(loss)/d(logits) = softmax - one-hot, on the scored positions only.
-                    gradient = logits.sub_(normaliser[:, None]).exp_()
-                    gradient[torch.arange(len(target), device=gradient.device), picked] -= 1
-                    gradient *= scored[:, None]
+                    # Pass 1: each span's logits, less the span's maximum, exponentiated
+                    # while they are in the cache; every span of the tile is kept.
+                    pieces, maxima, totals = _exponentiated(state, matrix, offset, spans)
+                    top = maxima.amax(dim=0)
+                    rescale = (maxima - top).exp_()
+                    total = (totals * rescale).sum(dim=0)
+                    chosen = (state.float() * matrix[picked].float()).sum(dim=-1)
+                    if offset is not None:
+                        chosen += offset[picked].float()
+                    loss_sum += ((top + total.log() - chosen) * scored).sum()
+                    # Pass 2: d(loss)/d(logits) = softmax - one-hot, on the scored rows
+                    # only; the softmax span by span, the one-hot's share after.
+                    factor = rescale.div_(total).mul_(scored)
+                    grad_state = torch.zeros(state.shape, dtype=torch.float32, device=state.device)
+                    for piece, row_factor, (low, high) in zip(pieces, factor, spans, strict=True):
+                        gradient = piece.mul_(row_factor[:, None])
+                        if grad_bias is not None:
+                            grad_bias[low:high] += gradient.sum(dim=0)
+                        part = matrix[low:high]
+                        if compute == torch.float32:
+                            grad_state.addmm_(gradient, part)
+                            grad_weight[low:high].addmm_(gradient.T, state)
+                        else:
+                            gradient = gradient.to(compute)
+                            grad_state += (gradient @ part).float()
+                            grad_weight[low:high] += (gradient.T @ state).float()
+                    hits = scored.nonzero().squeeze(1)
+                    grad_state[hits] -= matrix[picked[hits]].float()
+                    grad_weight.index_add_(0, picked[hits], state[hits].float(), alpha=-1)
                     if grad_bias is not None:
-                        grad_bias += gradient.sum(dim=0)
-                    gradient = gradient.to(compute)
-                    grad_states[start : start + rows] = gradient @ matrix
-                    if compute == torch.float32:
-                        grad_weight.addmm_(gradient.T, state)
-                    else:
-                        grad_weight += (gradient.T @ state).float()
+                        grad_bias.index_add_(
+                            0, picked[hits], hits.new_ones(len(hits)).float(), alpha=-1
+                        )
+                    grad_states[start : start + rows] = grad_state
             ctx.save_for_backward(grad_states, grad_weight, grad_bias)
             ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
             count = (targets != -100).sum()
@@ -204,6 +263,7 @@ def _tiled_loss_function() -> Any:
                 grad_states * grad_loss.to(grad_states.dtype),
                 (grad_weight * grad_loss).to(weight_dtype),
                 None if grad_bias is None else (grad_bias * grad_loss).to(bias_dtype),
+                None,
                 None,
                 None,
             )
