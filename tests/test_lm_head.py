@@ -171,6 +171,23 @@ def test_the_tiled_training_loss_with_a_bias_matches_cross_entropy(
         assert float((a - b).abs().max()) <= 1e-5 * scale, (a - b).abs().max()
 
 
+def test_the_tiled_training_loss_scales_its_gradients_and_hands_them_on_once() -> None:
+    """The backward pass scales the gradients computed in the forward pass in place: a loss
+    multiplied by 3 has 3 times the gradients; a second backward through the same graph
+    (``retain_graph``) is refused with a clear error instead of scaling them twice."""
+    torch.manual_seed(3)
+    hidden = torch.randn(2, 6, 8, requires_grad=True)
+    weight = torch.randn(30, 8, requires_grad=True)
+    labels = torch.randint(0, 30, (2, 6))
+    once = torch.autograd.grad(next_token_loss(hidden, weight, None, labels), (hidden, weight))
+    loss = next_token_loss(hidden, weight, None, labels) * 3
+    thrice = torch.autograd.grad(loss, (hidden, weight), retain_graph=True)
+    for a, b in zip(thrice, once, strict=True):
+        torch.testing.assert_close(a, 3 * b)
+    with pytest.raises(RuntimeError, match="a second time"):
+        torch.autograd.grad(loss, (hidden, weight))
+
+
 def test_a_model_whose_split_changes_the_logits_keeps_its_own_training_forward() -> None:
     model = _model()
     plain = model.forward
