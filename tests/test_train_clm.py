@@ -108,6 +108,8 @@ def test_json_output_and_plain_logs(
         assert "\r" not in stream
     assert "step 30/30" in proc.stderr
     assert "training loss: taken from the output layer tile by tile" in proc.stderr
+    assert "GELU runs as one fused kernel" in " ".join(proc.stderr.split())
+    assert json.loads((out / "config.json").read_text())["activation_function"] == "gelu_new"
 
 
 def test_resolved_config_is_reusable(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
+from lmctl.models.activations import fuse_tanh_gelu
 from lmctl.models.build import build_model, build_model_config, load_tokenizer
 from lmctl.models.dropout import train_with_fast_dropout
 from lmctl.models.plugins import load_plugins
@@ -149,6 +150,8 @@ def prepare(
         resumed_from=resume_checkpoint(config),
         random_head_ok=random_head_ok,
     )
+    if fuse_tanh_gelu(model):
+        console.info("activations: the tanh approximation of GELU runs as one fused kernel")
     if config.do_train:
         objective.prepare_for_training(config, model, console)
         if (
