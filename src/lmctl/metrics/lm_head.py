@@ -55,6 +55,11 @@ def _next_token_pairs(hidden: Any, labels: Any) -> tuple[Any, Any]:
     return states, labels[:, 1:].reshape(-1).to(states.device)
 
 
+def _spans(vocabulary: int, entries: int) -> list[tuple[int, int]]:
+    """The vocabulary cut into spans of ``entries`` (the last one shorter), as (low, high)."""
+    return [(low, min(low + entries, vocabulary)) for low in range(0, vocabulary, entries)]
+
+
 def next_token_scores(
     hidden: Any,
     weight: Any,
@@ -82,8 +87,7 @@ def next_token_scores(
         total = torch.zeros(count, dtype=torch.float32, device=state.device)
         picked = torch.zeros(count, dtype=torch.long, device=state.device)
         target_logit = torch.zeros(count, dtype=torch.float32, device=state.device)
-        for low in range(0, vocabulary, entries):
-            high = min(low + entries, vocabulary)
+        for low, high in _spans(vocabulary, entries):
             logits = state @ weight[low:high].T
             if bias is not None:
                 logits = logits + bias[low:high]
@@ -138,10 +142,6 @@ def next_token_loss(
     if num_items is not None:
         return loss_sum / num_items
     return loss_sum / count
-
-
-def _spans(vocabulary: int, entries: int) -> list[tuple[int, int]]:
-    return [(low, min(low + entries, vocabulary)) for low in range(0, vocabulary, entries)]
 
 
 def _exponentiated(
