@@ -178,3 +178,48 @@ def test_remote_file_identity_follows_the_object() -> None:
     assert before["size"] == 4 and after["size"] == 8
     [matched] = file_identity("memory://lmctl-identity/*.txt")["files"]
     assert matched["size"] == 8
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("objective", "options"),
+    [("mlm", ["--line-by-line", "--max-seq-length", "32"]), ("clm", ["--block-size", "32"])],
+)
+def test_large_text_is_tokenized_in_processes_with_the_same_result(
+    tmp_path: Path, wordpiece_tokenizer: Path, objective: str, options: list[str]
+) -> None:
+    """Without --preprocessing-num-workers, 'lmctl prepare' tokenizes 8.5 MB of text in one
+    process per core (two at most: one per 4 MB), says so, and writes exactly the samples
+    one process writes."""
+    import datasets
+
+    from tests.conftest import lmctl
+
+    lines, size, number = corpus_lines(), 0, 0
+    with (tmp_path / "big.txt").open("w", encoding="utf-8") as out:
+        while size < 8.5 * 2**20:
+            text = f"{number} {lines[number % len(lines)]}\n"
+            out.write(text)
+            size, number = size + len(text.encode()), number + 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    expected = min(cores or 1, 2)
+
+    def prepare(name: str, *extra: str) -> tuple[Any, str]:
+        cache = tmp_path / name
+        proc = lmctl(
+            "prepare", objective, "--tokenizer-name", wordpiece_tokenizer, "--train-file",
+            tmp_path / "big.txt", "--no-eval", *options, *extra,
+            cwd=tmp_path, env={"LMCTL_CACHE": str(cache)},
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        (data,) = cache.glob("prepared/*/*.arrow")
+        return datasets.Dataset.from_file(str(data)), proc.stderr
+
+    chosen, log = prepare("default")
+    single, single_log = prepare("single", "--preprocessing-num-workers", "1")
+    said = f"train: tokenizing in {expected} processes"
+    assert (said in log) == (expected > 1), log
+    assert "tokenizing in" not in single_log
+    assert len(chosen) > 60_000 if objective == "mlm" else len(chosen) > 50_000
+    assert chosen.features == single.features
+    assert chosen.data.table.equals(single.data.table)

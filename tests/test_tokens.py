@@ -98,13 +98,27 @@ def test_write_blocks_is_upstream_grouping(
     assert not list(tmp_path.glob(".*")), "token scratch files are removed"
 
 
-@pytest.mark.parametrize("special_tokens_mask", [False, True])
-@pytest.mark.parametrize("truncation_side", ["right", "left"])
+@pytest.mark.parametrize(
+    ("special_tokens_mask", "truncation_side", "workers"),
+    [
+        (False, "right", 1),
+        (True, "right", 1),
+        (False, "left", 1),
+        (True, "left", 1),
+        (True, "right", 2),
+        (False, "left", 3),
+    ],
+)
 def test_line_writer_matches_the_tokenizer_through_datasets_map(
-    wordpiece_tokenizer: Any, tmp_path: Path, special_tokens_mask: bool, truncation_side: str
+    wordpiece_tokenizer: Any,
+    tmp_path: Path,
+    special_tokens_mask: bool,
+    truncation_side: str,
+    workers: int,
 ) -> None:
     """The fast line-by-line writer gives the samples (columns, types, values) that
-    ``Dataset.map`` with the tokenizer gives: blank lines skipped, long lines truncated."""
+    ``Dataset.map`` with the tokenizer gives: blank lines skipped, long lines truncated; in
+    the same order with worker processes, each writing a range of the rows."""
     from functools import partial
 
     import datasets
@@ -114,7 +128,7 @@ def test_line_writer_matches_the_tokenizer_through_datasets_map(
 
     wordpiece_tokenizer.truncation_side = truncation_side
     long_line = " ".join(corpus_lines()[:40])
-    texts = [*TEXTS, long_line, "   \t", *corpus_lines()[:3000], None]
+    texts = [*TEXTS, long_line, "   \t", *corpus_lines()[:7000], None]
     dataset = datasets.Dataset.from_dict({"text": texts})
     options = {"special_tokens_mask": special_tokens_mask, "offsets": False, "max_length": 24}
     expected = dataset.map(
@@ -125,9 +139,12 @@ def test_line_writer_matches_the_tokenizer_through_datasets_map(
         cache_file_name=str(tmp_path / "map.arrow"),
     )
     encoder = LineEncoder(wordpiece_tokenizer, 24, special_tokens_mask=special_tokens_mask)
-    texts_read, samples = write_lines(dataset, "text", encoder, tmp_path / "fast.arrow")
+    texts_read, samples = write_lines(
+        dataset, "text", encoder, tmp_path / "fast.arrow", workers=workers
+    )
     written = datasets.Dataset.from_file(str(tmp_path / "fast.arrow"))
     assert (texts_read, samples) == (len(texts), len(expected))
     assert written.features == expected.features
     assert written[:] == expected[:]
     assert max(map(len, written["input_ids"])) == 24
+    assert not list(tmp_path.glob(".*")), "the workers' scratch files are removed"

@@ -229,7 +229,10 @@ class TrainConfig(StrictModel):
         lt=100,
     )
     preprocessing_num_workers: int | None = option(
-        None, "Processes used for tokenization.", panel=PANEL_DATA, gt=0
+        None,
+        "Processes used for tokenization (default: one per CPU core and 4 MB of text).",
+        panel=PANEL_DATA,
+        gt=0,
     )
     overwrite_cache: bool = option(
         False, "Redo preprocessing instead of reusing the cache.", panel=PANEL_DATA

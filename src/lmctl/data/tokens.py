@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -246,10 +246,43 @@ class RangeJob:
 
     dataset: Any
     column: str
-    encoder: TextEncoder
+    encoder: Any  # TextEncoder for blocks, LineEncoder for line-by-line samples
     start: int
     stop: int
     prefix: str
+
+
+#: Text each preprocessing process gets at least when the number is lmctl's choice: a
+#: process costs about 0.1 s to start and tokenizes about 10% faster than the tokenizer's
+#: own threads, so below a few MB of text one process with the threads is faster.
+BYTES_PER_DEFAULT_WORKER = 4 * 2**20
+
+
+def default_workers(dataset: Dataset, column: str) -> int:
+    """Processes to tokenize ``column`` with when ``--preprocessing-num-workers`` is not
+    given: one per usable CPU core and per 4 MB of text, where processes can be forked
+    (starting one elsewhere re-imports the libraries, seconds each)."""
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    text = dataset.data.table.column(column).nbytes
+    return max(1, min(cores or 1, text // BYTES_PER_DEFAULT_WORKER))
+
+
+def range_jobs(
+    dataset: Dataset, column: str, encoder: Any, workers: int, scratch: Path
+) -> list[RangeJob]:
+    """The rows cut into at most ``workers`` contiguous ranges of at least one encoding
+    batch each, one job per range, writing under ``scratch``."""
+    rows = len(dataset)
+    workers = max(1, min(workers, -(-rows // ENCODE_BATCH)))
+    bounds = [rows * index // workers for index in range(workers + 1)]
+    return [
+        RangeJob(dataset, column, encoder, bounds[i], bounds[i + 1], str(scratch / f"{i:05d}"))
+        for i in range(workers)
+    ]
 
 
 def tokenize_range(job: RangeJob) -> int:
@@ -326,21 +359,12 @@ def write_blocks(
     stays bounded by one batch per worker); the token files are then cut into blocks in
     order, so the result is the same whatever the number of workers.
     """
-    rows = len(dataset)
-    workers = max(1, min(workers, -(-rows // ENCODE_BATCH)))
-    bounds = [rows * index // workers for index in range(workers + 1)]
     scratch = path.parent / f".{path.name}.tokens"
     scratch.mkdir(parents=True, exist_ok=True)
     with_mask = encoder.special_tokens_mask
-    jobs = [
-        RangeJob(dataset, column, encoder, bounds[i], bounds[i + 1], str(scratch / f"{i:05d}"))
-        for i in range(workers)
-    ]
+    jobs = range_jobs(dataset, column, encoder, workers, scratch)
     try:
-        if workers == 1:
-            tokenize_range(jobs[0])
-        else:
-            _run_in_processes(jobs)
+        run_jobs(tokenize_range, jobs)
         cutter = BlockCutter(block_size)
         writer = BlockWriter(path, block_size, with_mask)
         try:
@@ -355,18 +379,22 @@ def write_blocks(
         for file in scratch.iterdir():
             file.unlink()
         scratch.rmdir()
-    return BlockStats(texts=rows, tokens=cutter.tokens, blocks=writer.rows, dropped=cutter.dropped)
+    return BlockStats(
+        texts=len(dataset), tokens=cutter.tokens, blocks=writer.rows, dropped=cutter.dropped
+    )
 
 
-def _run_in_processes(jobs: list[RangeJob]) -> None:
+def run_jobs(work: Callable[[RangeJob], int], jobs: list[RangeJob]) -> list[int]:
+    """``work`` of each job, in this process for one job, in a process each for more."""
+    if len(jobs) == 1:
+        return [work(jobs[0])]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     context = multiprocessing.get_context(method)
     with forked_workers(), ProcessPoolExecutor(max_workers=len(jobs), mp_context=context) as pool:
-        for _ in pool.map(tokenize_range, jobs):
-            pass
+        return list(pool.map(work, jobs))
 
 
 #: Columns of a line-by-line sample besides ``input_ids``, as ``tokenizer(texts)`` returns them.
@@ -388,6 +416,9 @@ class LineEncoder:
         self._backend: Any = None
         self._tokenizer = tokenizer
         self.max_length = max_length
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_backend": None}
 
     @staticmethod
     def supports(tokenizer: PreTrainedTokenizerBase) -> bool:
@@ -427,19 +458,52 @@ def line_features(columns: list[str]) -> Any:
     )
 
 
-def write_lines(dataset: Dataset, column: str, encoder: LineEncoder, path: Path) -> tuple[int, int]:
+def write_lines(
+    dataset: Dataset, column: str, encoder: LineEncoder, path: Path, *, workers: int = 1
+) -> tuple[int, int]:
     """Tokenize a text column one sample per non-blank text into the Arrow file ``path``;
-    returns (texts, samples)."""
+    returns (texts, samples).
+
+    ``workers`` processes each write the samples of a contiguous range of rows to a file of
+    their own, which are then copied into ``path`` in order: the same file whatever the
+    number of workers.
+    """
     import pyarrow as pa
 
-    schema = line_features(encoder.columns).arrow_schema
-    samples = 0
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-        batches = texts_in_batches(dataset, column, 0, len(dataset))
-        kept = ([text for text in batch if not is_blank(text)] for batch in batches)
-        for encoded in _in_order_one_ahead(encoder.encode, kept):
-            samples += _write_line_batch(writer, schema, encoded)
+    scratch = path.parent / f".{path.name}.lines"
+    scratch.mkdir(parents=True, exist_ok=True)
+    jobs = range_jobs(dataset, column, encoder, workers, scratch)
+    try:
+        if len(jobs) == 1:
+            jobs[0].prefix = str(path)
+            return len(dataset), write_line_range(jobs[0])
+        samples = sum(run_jobs(write_line_range, jobs))
+        schema = line_features(encoder.columns).arrow_schema
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+            for job in jobs:
+                with pa.memory_map(job.prefix) as source:
+                    for batch in pa.ipc.open_stream(source):
+                        writer.write_batch(batch)
+    finally:
+        for file in scratch.iterdir():
+            file.unlink()
+        scratch.rmdir()
     return len(dataset), samples
+
+
+def write_line_range(job: RangeJob) -> int:
+    """Write the samples of a range of rows to the Arrow stream ``job.prefix``; returns how
+    many (blank texts give none)."""
+    import pyarrow as pa
+
+    schema = line_features(job.encoder.columns).arrow_schema
+    samples = 0
+    with pa.OSFile(job.prefix, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        batches = texts_in_batches(job.dataset, job.column, job.start, job.stop)
+        kept = ([text for text in batch if not is_blank(text)] for batch in batches)
+        for encoded in _in_order_one_ahead(job.encoder.encode, kept):
+            samples += _write_line_batch(writer, schema, encoded)
+    return samples
 
 
 def _in_order_one_ahead(work: Any, batches: Iterable[list[str]]) -> Iterator[Any]:

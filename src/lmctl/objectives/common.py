@@ -14,7 +14,7 @@ from lmctl.config.base import TrainConfig
 from lmctl.config.fields import PANEL_OBJECTIVE, option
 from lmctl.data.load import cached_map, group_into_blocks, text_column, tokenizer_fingerprint
 from lmctl.data.stream import POSITION_COLUMN, strip_positions
-from lmctl.data.tokens import LineEncoder, is_blank, write_lines
+from lmctl.data.tokens import LineEncoder, default_workers, is_blank, write_lines
 from lmctl.errors import DataError
 from lmctl.models.build import max_positions
 
@@ -230,7 +230,7 @@ def tokenize_and_group(
     def build(split: str, dataset: Dataset, path: Path) -> dict[str, Any]:
         where = split_source(config, split)
         column = text_column(dataset, config.text_column, where)
-        workers = config.preprocessing_num_workers or 1
+        workers = writer_processes(config, dataset, column, split, console)
         stats = write_blocks(dataset, column, encoder, block_size, path, workers=workers)
         if stats.blocks == 0:
             raise DataError(
@@ -377,12 +377,13 @@ def tokenize_lines(
         where = split_source(config, split)
         column = text_column(dataset, config.text_column, where)
         workers = config.preprocessing_num_workers
-        if _fast_lines(tokenizer, workers, options):
+        if _fast_lines(tokenizer, options):
             texts, count = write_lines(
                 dataset,
                 column,
                 LineEncoder(tokenizer, max_length, special_tokens_mask=special_tokens_mask),
                 path,
+                workers=writer_processes(config, dataset, column, split, console),
             )
             return _line_stats(split, where, texts, count, max_length=max_length, console=console)
         samples = dataset.map(
@@ -411,14 +412,28 @@ def tokenize_lines(
     )
 
 
-def _fast_lines(
-    tokenizer: PreTrainedTokenizerBase, workers: int | None, options: dict[str, Any]
-) -> bool:
+def writer_processes(
+    config: TrainConfig, dataset: Dataset, column: str, split: str, console: Console
+) -> int:
+    """Processes for the fast block and line writers: ``--preprocessing-num-workers``, else
+    lmctl's choice for the size of the text (said in the log when more than one)."""
+    if config.preprocessing_num_workers:
+        return config.preprocessing_num_workers
+    workers = default_workers(dataset, column)
+    if workers > 1:
+        console.info(
+            f"{split}: tokenizing in {workers} processes (one per CPU core and 4 MB of text; "
+            "--preprocessing-num-workers sets the number)"
+        )
+    return workers
+
+
+def _fast_lines(tokenizer: PreTrainedTokenizerBase, options: dict[str, Any]) -> bool:
     """Whether line-by-line samples can be written by the fast line writer (a Rust tokenizer,
-    one process, no offsets or fixed-length padding); it gives the same samples as
+    no offsets or fixed-length padding; any number of workers); it gives the same samples as
     ``Dataset.map`` with the tokenizer, which does the rest."""
     plain = not options["offsets"] and not options["pad_to_max_length"]
-    return plain and (workers or 1) == 1 and LineEncoder.supports(tokenizer)
+    return plain and LineEncoder.supports(tokenizer)
 
 
 def _line_stats(
