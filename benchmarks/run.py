@@ -92,12 +92,20 @@ def fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
+#: Seconds spent in the baseline's runs (its side of every comparison) in this process.
+#: ("stack": start-up's baseline, importing the libraries.)
+BASELINE_SECONDS = [0.0]
+
+
 def interleave(reps: int, sides: dict[str, Callable[[], Any]]) -> dict[str, list[Any]]:
     """Run every side once per round, in order, ``reps`` rounds."""
     results: dict[str, list[Any]] = {name: [] for name in sides}
     for _ in range(reps):
         for name, function in sides.items():
+            started = time.perf_counter()
             results[name].append(function())
+            if name in {"baseline", "stack"}:
+                BASELINE_SECONDS[0] += time.perf_counter() - started
     return results
 
 
@@ -950,14 +958,26 @@ def end_to_end(work: Work, reps: int) -> list[Figure]:
 
 # Report --------------------------------------------------------------------------------------
 def render(
-    figures: list[Figure], machine: dict[str, Any], args: argparse.Namespace, minutes: float
+    figures: list[Figure],
+    machine: dict[str, Any],
+    args: argparse.Namespace,
+    minutes: float,
+    sections: dict[str, float] | None = None,
 ) -> str:
+    """The page; ``sections``: the minutes each section took, where measured here."""
+    spent = ""
+    if sections:
+        spent = (
+            " ("
+            + ", ".join(f"{name} {value:.1f}" for name, value in sections.items())
+            + f"; the baseline's runs {BASELINE_SECONDS[0] / 60:.1f} of the total)"
+        )
     lines = [
         "# Benchmarks",
         "",
         "Written by `python benchmarks/run.py`"
         + (" --quick (a smoke run: small sizes)" if args.quick else "")
-        + f" in {minutes:.1f} minutes. Every figure is min / median / max of {args.reps} "
+        + f" in {minutes:.1f} minutes{spent}. Every figure is min / median / max of {args.reps} "
         + (f"(training: {args.train_reps}) " if getattr(args, "train_reps", None) else "")
         + "repetitions; lmctl and the baseline (the upstream example scripts' recipe as a user "
         "runs it, `benchmarks/upstream.py`) ran alternately in the same run, and each ratio is "
@@ -1097,18 +1117,22 @@ def main() -> int:
         figures: list[Figure] = []
         reps = args.reps
 
+        timings: dict[str, float] = {}
+
         def write() -> str:
             """The page so far (rewritten after every section, so a stopped run keeps it)."""
             minutes = (time.perf_counter() - started) / 60
-            text = render(figures, machine, args, minutes)
+            text = render(figures, machine, args, minutes, timings)
             Path(args.output).parent.mkdir(parents=True, exist_ok=True)
             Path(args.output).write_text(text, encoding="utf-8")
             return text
 
         def section(name: str, function: Callable[[], list[Figure]]) -> None:
             if name in sections:
-                print(f"[{time.perf_counter() - started:6.0f} s] {name}", file=sys.stderr)
+                begun = time.perf_counter()
+                print(f"[{begun - started:6.0f} s] {name}", file=sys.stderr)
                 figures.extend(function())
+                timings[name] = (time.perf_counter() - begun) / 60
                 write()
 
         sizes = {
@@ -1136,9 +1160,11 @@ def main() -> int:
             elif name.startswith("training:"):
                 objectives |= set(name.split(":", 1)[1].split("+"))
         if objectives:
-            print(f"[{time.perf_counter() - started:6.0f} s] training", file=sys.stderr)
+            begun = time.perf_counter()
+            print(f"[{begun - started:6.0f} s] training", file=sys.stderr)
             trained, clm = training(work, args.train_reps or reps, sizes["train_steps"], objectives)
             figures.extend(trained)
+            timings["training"] = (time.perf_counter() - begun) / 60
             write()
         if clm.get("clm"):
             section("mfu", lambda: mfu(work, clm, 0.5 if args.quick else 3))
