@@ -465,8 +465,8 @@ def write_lines(
     returns (texts, samples).
 
     ``workers`` processes each write the samples of a contiguous range of rows to a file of
-    their own, which are then copied into ``path`` in order: the same file whatever the
-    number of workers.
+    their own, which are then copied into ``path`` in order: the same samples in the same
+    order whatever the number of workers.
     """
     import pyarrow as pa
 
