@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
         "lmctl.resources",
         "lmctl.secrets",
         "lmctl.environment",
+        "lmctl.allocator",
         "lmctl",
     ),
 ]

@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmctl.allocator import keep_freed_blocks
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.models.activations import fuse_tanh_gelu
 from lmctl.models.build import build_model, build_model_config, load_tokenizer
@@ -140,6 +141,7 @@ def prepare(
 ) -> Prepared:
     """Everything a run needs; ``random_head_ok=False`` refuses to evaluate a model that lacks
     the objective's head (see :func:`lmctl.models.build.build_model`)."""
+    keep_freed_blocks()  # before the model and its first step allocate
     prepared = prepare_data(config, objective, console)
     model = build_model(
         config,
