@@ -497,6 +497,7 @@ def training(
         ]
 
     clm_runs: dict[str, Any] = {}
+    clm_args: list[Any] = []
     tokens = steps * batch * block
     common = ["--per-device-train-batch-size", batch, "--no-eval", "--logging-steps", 10]
     if "clm" in objectives:
@@ -564,6 +565,7 @@ def training(
             ),
         ]
         clm_runs = runs
+        clm_args = clm_lmctl
 
     if "mlm" in objectives:
         # mlm line by line: one epoch over steps * batch lines of varied length.
@@ -668,17 +670,18 @@ def training(
         ]
         runs = compare(swag_lmctl, swag_upstream)
         figures += engine_rates("swag examples/s", "examples/s", runs, len(records), 1.3)
-    return figures, {"clm": clm_runs, "gpt2": gpt2, "tokens": tokens, "block": block}
+    return figures, {
+        "clm": clm_runs,
+        "args": clm_args,
+        "gpt2": gpt2,
+        "tokens": tokens,
+        "block": block,
+    }
 
 
-def mfu(work: Work, clm: dict[str, Any], seconds: float) -> list[Figure]:
-    """Training FLOP/s of the clm runs over the measured matmul peaks."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(clm["gpt2"])
-    model = AutoModelForCausalLM.from_config(config)
-    params = model.num_parameters(exclude_embeddings=False) - config.n_positions * config.n_embd
-    per_token = 6 * params + 12 * config.n_layer * clm["block"] * config.n_embd
+def mfu(work: Work, clm: dict[str, Any], reps: int, seconds: float) -> list[Figure]:
+    """Training FLOP/s of the clm runs over the measured matmul peaks; the fp32 target is
+    for a 20M-parameter model, trained here with the same data and settings."""
     peaks = {"fp32": matmul_peak("float32", seconds), "bf16": matmul_peak("bfloat16", seconds)}
     figures = [
         Figure("MFU", "matmul peak fp32 (2048x2048)", "GFLOP/s", [peaks["fp32"] / 1e9]),
@@ -690,12 +693,22 @@ def mfu(work: Work, clm: dict[str, Any], seconds: float) -> list[Figure]:
             note=f"bf16 / fp32 = {peaks['bf16'] / peaks['fp32']:.2f}",
         ),
     ]
-    for name, key, peak, target in [
-        ("fp32 (trainer engine)", "trainer", peaks["fp32"], 0.6),
-        ("fp32 (baseline)", "baseline", peaks["fp32"], None),
-        ("--precision auto, over the bf16 peak", "auto", peaks["bf16"], None),
+    larger = work.model(
+        "gpt2-5x384", "gpt2", vocab_size=30522, n_layer=5, n_embd=384, n_head=6, n_positions=128
+    )
+    args = [larger if arg == clm["gpt2"] else arg for arg in clm["args"]]
+    runs = {
+        "larger": interleave(reps, {"lmctl": lambda: _lmctl_train(work, args)})["lmctl"],
+        **clm["clm"],
+    }
+    for name, key, model, peak, target in [
+        ("fp32 (trainer engine)", "larger", larger, peaks["fp32"], 0.6),
+        ("fp32 (trainer engine)", "trainer", clm["gpt2"], peaks["fp32"], None),
+        ("fp32 (baseline)", "baseline", clm["gpt2"], peaks["fp32"], None),
+        ("--precision auto, over the bf16 peak", "auto", clm["gpt2"], peaks["bf16"], None),
     ]:
-        values = [per_token * clm["tokens"] / r["train_runtime"] / peak for r in clm["clm"][key]]
+        params, per_token = training_flops(model, clm["block"])
+        values = [per_token * clm["tokens"] / r["train_runtime"] / peak for r in runs[key]]
         figures.append(
             Figure(
                 "MFU",
@@ -707,6 +720,16 @@ def mfu(work: Work, clm: dict[str, Any], seconds: float) -> list[Figure]:
             )
         )
     return figures
+
+
+def training_flops(model_path: Path, block: int) -> tuple[int, int]:
+    """Parameters (without position embeddings) and training FLOP per token of a GPT-2."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_config(config)
+    params = model.num_parameters(exclude_embeddings=False) - config.n_positions * config.n_embd
+    return params, 6 * params + 12 * config.n_layer * block * config.n_embd
 
 
 def evaluation(work: Work, reps: int, megabytes: float) -> list[Figure]:
@@ -1167,7 +1190,9 @@ def main() -> int:
             timings["training"] = (time.perf_counter() - begun) / 60
             write()
         if clm.get("clm"):
-            section("mfu", lambda: mfu(work, clm, 0.5 if args.quick else 3))
+            section(
+                "mfu", lambda: mfu(work, clm, args.train_reps or reps, 0.5 if args.quick else 3)
+            )
         section("evaluation", lambda: evaluation(work, reps, sizes["eval_mb"]))
         section("resume", lambda: resume(work, reps, sizes["resume_blocks"]))
         section(
