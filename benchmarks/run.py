@@ -701,13 +701,14 @@ def mfu(work: Work, clm: dict[str, Any], reps: int, seconds: float) -> list[Figu
         "larger": interleave(reps, {"lmctl": lambda: _lmctl_train(work, args)})["lmctl"],
         **clm["clm"],
     }
+    flops = {model: training_flops(model, clm["block"]) for model in (larger, clm["gpt2"])}
     for name, key, model, peak, target in [
         ("fp32 (trainer engine)", "larger", larger, peaks["fp32"], 0.6),
         ("fp32 (trainer engine)", "trainer", clm["gpt2"], peaks["fp32"], None),
         ("fp32 (baseline)", "baseline", clm["gpt2"], peaks["fp32"], None),
         ("--precision auto, over the bf16 peak", "auto", clm["gpt2"], peaks["bf16"], None),
     ]:
-        params, per_token = training_flops(model, clm["block"])
+        params, per_token = flops[model]
         values = [per_token * clm["tokens"] / r["train_runtime"] / peak for r in runs[key]]
         figures.append(
             Figure(

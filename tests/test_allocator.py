@@ -10,14 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from lmctl.allocator import is_glibc
 from tests.conftest import tiny_clm_args
 
-pytestmark = pytest.mark.skipif(
-    not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
-    if hasattr(os, "confstr")
-    else True,
-    reason="the allocator settings are glibc's",
-)
+pytestmark = pytest.mark.skipif(not is_glibc(), reason="the allocator settings are glibc's")
 
 #: Runs the lmctl command in its arguments (or none), then allocates and frees a 40 MB block
 #: twice, printing the bytes glibc held in mappings of their own while the block was live
