@@ -53,6 +53,7 @@ def test_lora_trains_only_the_adapter_and_evaluates_the_same(
     assert proc.returncode == 0, proc.stderr
     assert "trainable of" in proc.stderr  # trainable vs total parameters
     assert "tile by tile" not in proc.stderr  # a wrapped model keeps its own forward
+    assert "embedding gradient" not in proc.stderr  # the embedding is frozen
     trained_loss = json.loads(proc.stdout)["metrics"]["eval_loss"]
 
     adapter = load_file(run / "adapter_model.safetensors")

@@ -109,6 +109,9 @@ def test_json_output_and_plain_logs(
     assert "step 30/30" in proc.stderr
     assert "training loss: taken from the output layer tile by tile" in proc.stderr
     assert "GELU runs as one fused kernel" in " ".join(proc.stderr.split())
+    assert "embedding gradient: the input embedding's, tied to the output layer, taken sparse" in (
+        " ".join(proc.stderr.split())
+    )
     assert json.loads((out / "config.json").read_text())["activation_function"] == "gelu_new"
 
 

@@ -13,11 +13,13 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmctl import distributed
 from lmctl.allocator import keep_freed_blocks
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.models.activations import fuse_tanh_gelu
 from lmctl.models.build import build_model, build_model_config, load_tokenizer
 from lmctl.models.dropout import train_with_fast_dropout
+from lmctl.models.embedding import sparse_tied_embedding_gradient
 from lmctl.models.plugins import load_plugins
 from lmctl.objectives.common import split_source, wraps_model
 from lmctl.run.rundir import resume_checkpoint
@@ -165,6 +167,16 @@ def prepare(
             console.info(
                 "dropout: masks of 16,384 elements or more drawn from 16 random bits an "
                 "element (faster on a CPU; the same expectation)"
+            )
+        if (
+            not wraps_model(config)
+            and distributed.world_size() == 1
+            and not config.torch_compile
+            and sparse_tied_embedding_gradient(model)
+        ):
+            console.info(
+                "embedding gradient: the input embedding's, tied to the output layer, taken "
+                "sparse (the batch's rows alone, added into the output layer's gradient)"
             )
     lengths = None
     train = prepared.train_dataset
