@@ -14,11 +14,11 @@ loss is cut into tiles of rows, each spanning the vocabulary in spans of 1024 en
 span's logits are computed, less their maximum and exponentiated while they are in the cache;
 the tile's normalisers come from the spans' maxima and sums; then span by span the softmax
 becomes the gradient of the hidden states and of the output layer, and the target's one-hot
-share is subtracted from both at the end. Every matmul is of a tile of 512 rows x 1024
-entries, a shape the CPU's matmul runs near its peak (one 512 x 30,522 matmul runs at about
-half of it), and the output layer is read twice per tile (for the logits, then for the
-gradients). The batch's logits, their softmax and their gradient (three full-vocabulary tensors)
-never exist, only one tile's: the backward pass only scales the gradients already computed.
+share is subtracted from both at the end. Every matmul is of a span of 512 rows x 1024
+entries, whose logits (2 MB) are exponentiated while still in the cache, and the output layer
+is read twice per tile (for the logits, then for the gradients). The batch's logits, their
+softmax and their gradient (three full-vocabulary tensors) never exist, only one tile's: the
+backward pass only scales the gradients already computed.
 Measured on two cores, 8 x 128 tokens, the output layer's forward and backward in 256-row
 tiles: 0.27 s against the model's own 0.43 s (30,522 entries, 256 hidden); 512-row tiles
 take 8% less time than 256-row ones with 384 hidden (0.212 against 0.232 s), 11% with 768
