@@ -320,10 +320,10 @@ class TrainConfig(StrictModel):
         "fp32, or what --bf16/--fp16 say).",
         panel=PANEL_TRAINING,
     )
-    group_by_length: bool | None = option(
-        None,
-        "Batch samples of similar length together (less padding); unset: on for "
-        "--line-by-line and multiple choice.",
+    group_by_length: bool = option(
+        False,
+        "Batch samples of similar length together (less padding, but less learned "
+        "per step).",
         panel=PANEL_TRAINING,
     )
     torch_compile: bool = option(

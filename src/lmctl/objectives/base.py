@@ -118,8 +118,8 @@ class Objective(ABC):
         """Turn raw records into model inputs (tokenize, group, label)."""
 
     def groups_by_length(self, config: TrainConfig) -> bool:
-        """Whether training batches group samples of similar length (``--group-by-length``;
-        objectives with samples of varied length turn it on when it is unset)."""
+        """Whether training batches group samples of similar length (``--group-by-length``,
+        off unless asked for, as upstream)."""
         return bool(config.group_by_length)
 
     @abstractmethod

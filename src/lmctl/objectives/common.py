@@ -59,11 +59,6 @@ class LineByLineConfig(SequenceConfig):
     )
 
 
-def varied_lengths_group(config: TrainConfig, varied: bool) -> bool:
-    """``--group-by-length`` as given, else on when samples have varied lengths."""
-    return varied if config.group_by_length is None else config.group_by_length
-
-
 def wraps_model(config: TrainConfig) -> bool:
     """Whether training wraps or shards the model (DeepSpeed, FSDP, LoRA, a compiled graph;
     asked for by lmctl's flags, by ``training_args`` or by an ``accelerate launch``

@@ -24,7 +24,6 @@ from lmctl.objectives.common import (
     pad_features,
     resolve_sequence_length,
     tokenize_texts,
-    varied_lengths_group,
     wraps_model,
 )
 
@@ -163,10 +162,6 @@ class Mlm(Objective):
             special_tokens_mask=True,
             offsets=config.whole_word_mask,
         )
-
-    def groups_by_length(self, config: TrainConfig) -> bool:
-        assert isinstance(config, MlmConfig)
-        return varied_lengths_group(config, config.line_by_line and not config.pad_to_max_length)
 
     def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
         from transformers import DataCollatorForLanguageModeling

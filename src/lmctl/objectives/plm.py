@@ -25,7 +25,6 @@ from lmctl.objectives.common import (
     pad_features,
     resolve_sequence_length,
     tokenize_texts,
-    varied_lengths_group,
 )
 
 if TYPE_CHECKING:
@@ -173,10 +172,6 @@ class Plm(Objective):
             length -= 1
         console.info(f"max sequence length: {length} tokens")
         return tokenize_texts(config, raw, tokenizer, length, console)
-
-    def groups_by_length(self, config: TrainConfig) -> bool:
-        assert isinstance(config, PlmConfig)
-        return varied_lengths_group(config, config.line_by_line and not config.pad_to_max_length)
 
     def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
         from transformers import DataCollatorForPermutationLanguageModeling

@@ -25,7 +25,6 @@ from lmctl.objectives.common import (
     SequenceConfig,
     resolve_sequence_length,
     split_source,
-    varied_lengths_group,
 )
 from lmctl.storage.paths import data_extension
 
@@ -360,10 +359,6 @@ class Swag(Objective):
                 f"({split_source(config, split)})"
             )
         return datasets.DatasetDict(processed)
-
-    def groups_by_length(self, config: TrainConfig) -> bool:
-        assert isinstance(config, SwagConfig)
-        return varied_lengths_group(config, not config.pad_to_max_length)
 
     def _stream(
         self,
