@@ -322,8 +322,7 @@ class TrainConfig(StrictModel):
     )
     group_by_length: bool = option(
         False,
-        "Batch samples of similar length together (less padding, but less learned "
-        "per step).",
+        "Batch samples of similar length together (less padding, but less learned per step).",
         panel=PANEL_TRAINING,
     )
     torch_compile: bool = option(
