@@ -148,9 +148,10 @@ def test_precision_contradicting_bf16_is_a_config_error(tmp_path: Path) -> None:
 def test_fused_adamw_takes_the_same_steps_as_the_loop(tmp_path: Path) -> None:
     import torch
 
-    from lmctl.engine.optim import fused_adamw_available, make_optimizer
+    from lmctl.engine.optim import make_optimizer
+    from lmctl.models.fastpaths import fused_adamw_available
 
-    if not fused_adamw_available():
+    if not fused_adamw_available("cpu"):
         pytest.skip("no fused AdamW kernel for this device in this torch build")
     train = tmp_path / "t.txt"
     train.write_text("a\n")
@@ -160,8 +161,10 @@ def test_fused_adamw_takes_the_same_steps_as_the_loop(tmp_path: Path) -> None:
     reference = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32))
     fused_model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32))
     fused_model.load_state_dict(reference.state_dict())
-    fused = make_optimizer(config, fused_model)
+    fused = make_optimizer(config, fused_model, fused=True)
     assert fused.defaults["fused"]
+    stock = make_optimizer(config, reference, fused=False)
+    assert stock.defaults["fused"] is None and stock.defaults["foreach"] is None
     loop = torch.optim.AdamW(
         [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in _groups(reference)],
         lr=1e-2,

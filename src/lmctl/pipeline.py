@@ -13,15 +13,15 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl import distributed
 from lmctl.allocator import keep_freed_blocks
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.models.activations import fuse_tanh_gelu
 from lmctl.models.build import build_model, build_model_config, load_tokenizer
 from lmctl.models.dropout import train_with_fast_dropout
 from lmctl.models.embedding import sparse_tied_embedding_gradient
+from lmctl.models.fastpaths import FastPaths
 from lmctl.models.plugins import load_plugins
-from lmctl.objectives.common import split_source, wraps_model
+from lmctl.objectives.common import split_source
 from lmctl.run.rundir import resume_checkpoint
 
 if TYPE_CHECKING:
@@ -54,6 +54,8 @@ class Prepared:
     eval_dataset: Dataset | None
     collator: Any
     eval_collator: Any
+    #: Which fast paths run (:mod:`lmctl.models.fastpaths`); the engines ask it too.
+    fast_paths: FastPaths
     #: Tokens per training sample when batches are grouped by length (else None).
     train_lengths: list[int] | None = None
 
@@ -133,6 +135,24 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
     )
 
 
+def install_fast_paths(
+    paths: FastPaths, config: TrainConfig, objective: Objective, model: Any
+) -> None:
+    """Install on a built ``model`` the fast paths that ``paths`` turns on and the model fits
+    (training's only where it trains); the others leave the model's own code in place."""
+    paths.apply("fused-gelu", lambda: fuse_tanh_gelu(model), "the model has no tanh GELU in Python")
+    if not config.do_train:
+        return
+    objective.prepare_for_training(config, model, paths)
+    paths.apply("fast-dropout", lambda: train_with_fast_dropout(model), "the model has no dropout")
+    paths.apply(
+        "sparse-embedding",
+        lambda: sparse_tied_embedding_gradient(model),
+        "no trained input embedding tied to the output layer",
+    )
+    paths.fused_adamw()
+
+
 def prepare(
     config: TrainConfig,
     objective: Objective,
@@ -142,8 +162,11 @@ def prepare(
     random_head_ok: bool = True,
 ) -> Prepared:
     """Everything a run needs; ``random_head_ok=False`` refuses to evaluate a model that lacks
-    the objective's head (see :func:`lmctl.models.build.build_model`)."""
-    keep_freed_blocks()  # before the model and its first step allocate
+    the objective's head (see :func:`lmctl.models.build.build_model`). The fast paths
+    (:mod:`lmctl.models.fastpaths`) are installed here, and said in one line."""
+    paths = FastPaths.of(config)
+    # Before the model and its first step allocate.
+    paths.apply("allocator", keep_freed_blocks, "the C library is not glibc")
     prepared = prepare_data(config, objective, console)
     model = build_model(
         config,
@@ -154,30 +177,8 @@ def prepare(
         resumed_from=resume_checkpoint(config),
         random_head_ok=random_head_ok,
     )
-    if fuse_tanh_gelu(model):
-        console.info("activations: the tanh approximation of GELU runs as one fused kernel")
-    if config.do_train:
-        objective.prepare_for_training(config, model, console)
-        if (
-            not wraps_model(config)
-            and not config.gradient_checkpointing
-            and not config.training_args.get("gradient_checkpointing")
-            and train_with_fast_dropout(model)
-        ):
-            console.info(
-                "dropout: masks of 16,384 elements or more drawn from 16 random bits an "
-                "element (faster on a CPU; the same expectation)"
-            )
-        if (
-            not wraps_model(config)
-            and distributed.world_size() == 1
-            and not config.torch_compile
-            and sparse_tied_embedding_gradient(model)
-        ):
-            console.info(
-                "embedding gradient: the input embedding's, tied to the output layer, taken "
-                "sparse (the batch's rows alone, added into the output layer's gradient)"
-            )
+    install_fast_paths(paths, config, objective, model)
+    console.info(paths.summary())
     lengths = None
     train = prepared.train_dataset
     if train is not None and not config.streaming and objective.groups_by_length(config):
@@ -186,6 +187,7 @@ def prepare(
         lengths = sample_lengths(train)
     return Prepared(
         train_lengths=lengths,
+        fast_paths=paths,
         config=config,
         objective=objective,
         run_dir=run_dir,

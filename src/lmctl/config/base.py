@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -54,6 +54,18 @@ Engine = Literal["trainer", "accelerate"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 FsdpSharding = Literal["full", "hybrid", "grad-op"]
 Launcher = Literal["torchrun", "accelerate"]
+#: lmctl's faster ways to train the same model (``lmctl.models.fastpaths`` decides where each
+#: runs); ``--fast-paths`` takes ``auto``, ``off`` or a comma-separated list of these.
+FastPathName = Literal[
+    "tiled-loss",
+    "masked-head",
+    "sparse-embedding",
+    "fast-dropout",
+    "fused-gelu",
+    "fused-adamw",
+    "allocator",
+]
+FAST_PATH_CHOICES = ("auto", "off")
 #: ``--deepspeed`` values that name a config shipped with lmctl (ZeRO stage 1, 2 or 3).
 DEEPSPEED_STAGES = ("1", "2", "3")
 #: ``training_args`` keys (TrainingArguments fields) that the accelerate engine honours too.
@@ -328,6 +340,15 @@ class TrainConfig(StrictModel):
     torch_compile: bool = option(
         False, "Compile the model with torch.compile.", panel=PANEL_TRAINING
     )
+    fast_paths: str = option(
+        "auto",
+        "Faster ways to train the same model: auto (each on the device types where it was "
+        "measured faster), off (the model's and PyTorch's own code), or a comma-separated "
+        "list of those to use wherever they fit: "
+        + ", ".join(get_args(FastPathName))
+        + ". The log says which run and why.",
+        panel=PANEL_TRAINING,
+    )
     dataloader_num_workers: int = option(
         0, "Dataloader worker processes.", panel=PANEL_TRAINING, ge=0
     )
@@ -513,6 +534,14 @@ class TrainConfig(StrictModel):
             )
         return data
 
+    @field_validator("fast_paths", mode="before")
+    @classmethod
+    def _fast_path_list(cls, value: Any) -> Any:
+        """``tiled-loss, fused-gelu`` and ``Tiled-Loss,fused-gelu`` say the same."""
+        if isinstance(value, str):
+            return ",".join(item.strip().lower() for item in value.split(","))
+        return value
+
     @field_validator("imports")
     @classmethod
     def _absolute_module_files(cls, value: list[str]) -> list[str]:
@@ -643,6 +672,7 @@ class TrainConfig(StrictModel):
         if self.eval_strategy == "steps" and self.eval_steps is None:
             problems.add("--eval-strategy steps needs --eval-steps", "e.g. --eval-steps 100")
         self._check_schedule(problems)
+        self._check_fast_paths(problems)
         if self.engine == "accelerate":
             ignored = sorted(set(self.training_args) - ACCELERATE_TRAINING_ARGS)
             if ignored:
@@ -730,6 +760,22 @@ class TrainConfig(StrictModel):
                     "--peft lora adapts a pretrained model",
                     "give --model-name-or-path, or train every weight (drop --peft)",
                 )
+
+    def fast_path_names(self) -> frozenset[str] | None:
+        """The paths a ``--fast-paths`` list names (None for auto and off)."""
+        if self.fast_paths in FAST_PATH_CHOICES:
+            return None
+        return frozenset(self.fast_paths.split(","))
+
+    def _check_fast_paths(self, problems: Problems) -> None:
+        known = get_args(FastPathName)
+        unknown = sorted((self.fast_path_names() or frozenset()) - set(known))
+        if unknown:
+            problems.add(
+                f"--fast-paths {self.fast_paths}: {', '.join(repr(n) for n in unknown)} "
+                f"{'is not a fast path' if len(unknown) == 1 else 'are not fast paths'}",
+                f"give auto, off, or a comma-separated list of: {', '.join(known)}",
+            )
 
     def _check_schedule(self, problems: Problems) -> None:
         if self.lr_scheduler_type == "reduce_lr_on_plateau" and self.eval_strategy == "no":

@@ -259,7 +259,7 @@ class AccelerateRun:
         acc, config, state = self.accelerator, self.config, self.state
         self.model, self.optimizer, train_loader, self.eval_loader = acc.prepare(
             self.model,
-            make_optimizer(config, self.model),
+            make_optimizer(config, self.model, fused=self.prepared.fast_paths.fused_adamw()),
             self._loader(self.prepared.train_dataset, train=True),
             self._loader(self.prepared.eval_dataset, train=False),
         )

@@ -30,33 +30,19 @@ def parameter_groups(model: Any, weight_decay: float) -> list[dict[str, Any]]:
     ]
 
 
-def fused_adamw_available() -> bool:
-    """Whether torch's fused AdamW runs here: one kernel per parameter group instead of a
-    loop over parameters (CPU since torch 2.4, CUDA, and other accelerators it names)."""
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        from torch.optim.optimizer import _get_fused_kernels_supported_devices
-
-        return device in _get_fused_kernels_supported_devices()
-    except ImportError:
-        return False
-
-
-def make_optimizer(config: TrainConfig, model: Any) -> Any:
-    """AdamW, fused where torch has the kernel (the same update, fewer passes over memory)."""
+def make_optimizer(config: TrainConfig, model: Any, *, fused: bool) -> Any:
+    """AdamW; ``fused``: torch's fused kernel (the same update, fewer passes over memory),
+    as the fast-path table decides (``lmctl.models.fastpaths``); else torch's default
+    implementation for the device, as upstream's script builds it."""
     import torch
 
     extra = config.training_args
-    fused = fused_adamw_available()
     return torch.optim.AdamW(
         parameter_groups(model, config.weight_decay),
         lr=config.learning_rate,
         betas=(extra.get("adam_beta1", 0.9), extra.get("adam_beta2", 0.999)),
         eps=extra.get("adam_epsilon", 1e-8),
-        fused=fused or None,
-        foreach=None if fused else True,
+        fused=True if fused else None,
     )
 
 

@@ -26,9 +26,9 @@ from lmctl.engine.common import (
     resolve_resume,
     whole_run,
 )
-from lmctl.engine.optim import fused_adamw_available
 from lmctl.engine.sharding import trainer_options
 from lmctl.errors import ConfigError
+from lmctl.models.fastpaths import FastPaths
 from lmctl.objectives.common import SeededCollator
 from lmctl.run.signals import StopRequest
 
@@ -69,7 +69,9 @@ def check(config: TrainConfig) -> None:
         )
 
 
-def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
+def training_arguments(config: TrainConfig, run_dir: Path, paths: FastPaths | None = None) -> Any:
+    """The Trainer's arguments for ``config``; ``paths``: the run's fast paths (default: the
+    table's decision for ``config``)."""
     from transformers import TrainingArguments
 
     precision = config.mixed_precision(native_bf16)
@@ -89,7 +91,6 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         "seed": config.seed,
         "bf16": precision == "bf16",
         "fp16": precision == "fp16",
-        "optim": "adamw_torch_fused" if fused_adamw_available() else "adamw_torch",
         "torch_compile": config.torch_compile,
         "dataloader_num_workers": config.dataloader_num_workers,
         "logging_strategy": "steps",
@@ -115,6 +116,8 @@ def training_arguments(config: TrainConfig, run_dir: Path) -> Any:
         # (special-tokens masks, offsets), which are not model arguments.
         "remove_unused_columns": False,
     }
+    if (paths or FastPaths.of(config)).fused_adamw():
+        values["optim"] = "adamw_torch_fused"
     if _cpu_only() and (precision == "bf16" or distributed.world_size() > 1):
         # The Trainer runs bf16 autocast on the CPU, and several processes train together on
         # its CPUs (gloo) instead of each as a separate job, only when told the CPU is the
@@ -484,7 +487,7 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
     from lmctl.metrics import reduce_logits
 
     config = prepared.config
-    args = training_arguments(config, prepared.run_dir)
+    args = training_arguments(config, prepared.run_dir, prepared.fast_paths)
     reporter = StepReporter(console, prepared.run_dir, stop, is_main=args.process_index == 0)
     metrics = prepared.objective.metrics()
     reporting = _callback_class()(reporter)

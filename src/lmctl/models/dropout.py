@@ -24,8 +24,9 @@ operator a few microseconds (a tiny model's step took twice as long with the who
 under it).
 
 Evaluation and anything saved are the model's own: the state dict is unchanged and the saved
-config names no attention implementation. Machines with an accelerator, whose dropout is a
-fused kernel, keep PyTorch's.
+config names no attention implementation. Where it runs is the fast-path table's decision
+(:mod:`lmctl.models.fastpaths`: measured on a CPU only; an accelerator's dropout is a fused
+kernel), and only CPU tensors are ever drawn this way.
 """
 
 from __future__ import annotations
@@ -151,14 +152,14 @@ def _eager_attention_where_dropout(model: Any) -> None:
 
 
 def train_with_fast_dropout(model: Any) -> bool:
-    """Make ``model`` draw its training dropout with :func:`dropout`, where it has dropout
-    and the machine no accelerator; returns whether it does."""
+    """Make ``model`` draw its training dropout on CPU tensors with :func:`dropout`, where it
+    has dropout; returns whether it does."""
     droppers = [
         module
         for module in model.modules()
         if type(module) is torch.nn.Dropout and module.p > 0 and not module.inplace
     ]
-    if torch.accelerator.is_available() or not droppers:
+    if not droppers:
         return False
     for module in droppers:
         module.__class__ = CpuDropout

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
     from lmctl.metrics.lm_head import TiledHead
+    from lmctl.models.fastpaths import FastPaths
 
 
 class Objective(ABC):
@@ -82,8 +83,9 @@ class Objective(ABC):
         """Adjust the model config for this objective before the model is built (saying so)."""
         return
 
-    def prepare_for_training(self, config: TrainConfig, model: Any, console: Console) -> None:
-        """Adjust a built model before it trains with this objective (saying so)."""
+    def prepare_for_training(self, config: TrainConfig, model: Any, paths: FastPaths) -> None:
+        """Install this objective's fast training paths on a built model, through ``paths``
+        (which decides where each runs, and says so)."""
         return
 
     def head_split(self, model: Any, inputs: dict[str, Any]) -> TiledHead | None:

@@ -19,7 +19,6 @@ from lmctl.objectives.common import (
     BlockCollator,
     resolve_sequence_length,
     tokenize_and_group,
-    wraps_model,
 )
 from lmctl.resources import EMBEDDED_CORPUS
 
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
     from lmctl.metrics.lm_head import TiledHead
+    from lmctl.models.fastpaths import FastPaths
 
 
 class ClmConfig(TrainConfig):
@@ -93,17 +93,17 @@ class Clm(Objective):
                 "pretrained weights, if any, were learnt attending both ways)"
             )
 
-    def prepare_for_training(self, config: TrainConfig, model: Any, console: Console) -> None:
+    def prepare_for_training(self, config: TrainConfig, model: Any, paths: FastPaths) -> None:
         """The training loss is taken from the output layer tile by tile where the model's
         logits allow it (:mod:`lmctl.metrics.lm_head`): same loss and gradients, without
         the full-vocabulary logits."""
         from lmctl.metrics.lm_head import tile_training_loss
 
-        if not wraps_model(config) and tile_training_loss(model):
-            console.info(
-                "training loss: taken from the output layer tile by tile (the "
-                "full-vocabulary logits of a batch never exist)"
-            )
+        paths.apply(
+            "tiled-loss",
+            lambda: tile_training_loss(model),
+            "the model's logits are not its body's through a linear output layer",
+        )
 
     def head_split(self, model: Any, inputs: dict[str, Any]) -> TiledHead | None:
         from lmctl.metrics.lm_head import TiledHead

@@ -59,29 +59,6 @@ class LineByLineConfig(SequenceConfig):
     )
 
 
-def wraps_model(config: TrainConfig) -> bool:
-    """Whether training wraps or shards the model (DeepSpeed, FSDP, LoRA, a compiled graph;
-    asked for by lmctl's flags, by ``training_args`` or by an ``accelerate launch``
-    config), so that only the model's own forward may run it."""
-    import os
-
-    passed = config.training_args
-    launched = any(
-        os.environ.get(f"ACCELERATE_USE_{name}", "").lower() in ("1", "true", "yes", "on")
-        for name in ("DEEPSPEED", "FSDP", "MEGATRON_LM")
-    )
-    return bool(
-        launched
-        or config.deepspeed
-        or config.fsdp
-        or config.peft
-        or config.torch_compile
-        or passed.get("deepspeed")
-        or passed.get("fsdp")
-        or passed.get("torch_compile")
-    )
-
-
 def split_source(config: TrainConfig, split: str) -> str:
     """How the user named the data of a split, for error messages."""
     path = config.train_file if split == "train" else config.validation_file

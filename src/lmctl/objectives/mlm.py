@@ -24,7 +24,6 @@ from lmctl.objectives.common import (
     pad_features,
     resolve_sequence_length,
     tokenize_texts,
-    wraps_model,
 )
 
 if TYPE_CHECKING:
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
     from lmctl.metrics.lm_head import TiledHead
+    from lmctl.models.fastpaths import FastPaths
 
 
 class MlmConfig(LineByLineConfig):
@@ -122,16 +122,16 @@ class Mlm(Objective):
                 "use a tokenizer with a tokenizer.json, or drop --whole-word-mask",
             )
 
-    def prepare_for_training(self, config: TrainConfig, model: Any, console: Console) -> None:
+    def prepare_for_training(self, config: TrainConfig, model: Any, paths: FastPaths) -> None:
         """The prediction head runs on the masked positions only, where the model's logits
         allow it (:mod:`lmctl.metrics.lm_head`): same loss and gradients."""
         from lmctl.metrics.lm_head import masked_training_loss
 
-        if not wraps_model(config) and masked_training_loss(model):
-            console.info(
-                "training loss: the prediction head runs on the masked positions only (the "
-                "loss is taken there alone)"
-            )
+        paths.apply(
+            "masked-head",
+            lambda: masked_training_loss(model),
+            "the model's logits are not its body's through one prediction head",
+        )
 
     def head_split(self, model: Any, inputs: dict[str, Any]) -> TiledHead | None:
         from lmctl.metrics.lm_head import TiledHead, prediction_head

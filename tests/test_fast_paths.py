@@ -1,0 +1,292 @@
+"""The fast-path table: each path runs by default only on the device types it was measured
+faster on (a CPU, so far), never where the model is wrapped or the settings exclude it;
+``--fast-paths off`` leaves the model's and PyTorch's own code everywhere, and a list turns
+on the paths it names. Decided from the device type and the settings: no GPU needed."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+import torch
+from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
+from transformers.activations import GELUTanh, NewGELUActivation
+
+from lmctl.config.base import FastPathName
+from lmctl.config.loader import build_config
+from lmctl.engine.optim import make_optimizer
+from lmctl.errors import ConfigError
+from lmctl.models import fastpaths
+from lmctl.models.dropout import CpuDropout
+from lmctl.models.fastpaths import TABLE, FastPaths, Setting, decide
+from lmctl.objectives.clm import OBJECTIVE as CLM
+from lmctl.objectives.clm import ClmConfig
+from lmctl.objectives.mlm import OBJECTIVE as MLM
+from lmctl.objectives.mlm import MlmConfig
+from lmctl.pipeline import install_fast_paths
+
+from .conftest import lmctl
+
+NAMES = get_args(FastPathName)
+
+
+def _setting(**changes: Any) -> Setting:
+    values: dict[str, Any] = {
+        "device": "cpu",
+        "precision": "fp32",
+        "engine": "trainer",
+        "wrappers": (),
+        "processes": 1,
+        "checkpointing": False,
+        "requested": "auto",
+    }
+    return Setting(**{**values, **changes})
+
+
+def _config(tmp_path: Path, **values: Any) -> ClmConfig:
+    train = tmp_path / "t.txt"
+    train.write_text("a\n")
+    minimal = {"model_type": "gpt2", "tokenizer_name": "tok", "train_file": str(train)}
+    return build_config(ClmConfig, cli_values={**minimal, **values})
+
+
+def _gpt2() -> GPT2LMHeadModel:
+    """Tied embeddings, dropout, Python tanh GELU and a linear output layer: every path fits."""
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=97, n_layer=1, n_embd=16, n_head=2, n_positions=32)
+    return GPT2LMHeadModel(config)
+
+
+def test_every_path_has_one_row_and_was_measured_on_a_cpu_only() -> None:
+    assert [path.name for path in TABLE] == list(NAMES)
+    assert all(path.measured_on == {"cpu"} for path in TABLE)
+
+
+@pytest.mark.parametrize("engine", ["trainer", "accelerate"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_on_a_cuda_device_every_cpu_measured_path_is_off(engine: str, precision: str) -> None:
+    setting = _setting(device="cuda", precision=precision, engine=engine)
+    for path in TABLE:
+        decision = decide(path, setting)
+        assert not decision.on, path.name
+        assert decision.reason in ("not measured faster on cuda", f"not checked in {precision}")
+
+
+def test_on_a_cpu_every_path_is_on_by_default() -> None:
+    for path in TABLE:
+        decision = decide(path, _setting())
+        assert decision.on, (path.name, decision)
+        assert "measured faster on cpu" in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("changes", "off", "reason"),
+    [
+        (
+            {"wrappers": ("deepspeed",)},
+            {"tiled-loss", "masked-head", "sparse-embedding", "fast-dropout"},
+            "DeepSpeed runs the model's own forward",
+        ),
+        (
+            {"wrappers": ("lora", "compile")},
+            {"tiled-loss", "masked-head", "sparse-embedding", "fast-dropout"},
+            "LoRA, torch.compile runs the model's own forward",
+        ),
+        ({"processes": 2}, {"sparse-embedding"}, "2 processes"),
+        ({"checkpointing": True}, {"fast-dropout"}, "gradient checkpointing"),
+    ],
+)
+def test_settings_that_exclude_a_path_turn_it_off_on_any_device(
+    changes: dict[str, Any], off: set[str], reason: str
+) -> None:
+    for requested in ("auto", frozenset(NAMES)):
+        setting = _setting(**changes, requested=requested)
+        decisions = {path.name: decide(path, setting) for path in TABLE}
+        assert {name for name, d in decisions.items() if not d.on} == off
+        assert all(decisions[name].reason == reason for name in off)
+
+
+def test_a_list_turns_on_the_paths_it_names_on_any_device_and_no_others() -> None:
+    setting = _setting(device="cuda", precision="bf16", requested=frozenset({"tiled-loss"}))
+    decisions = {path.name: decide(path, setting) for path in TABLE}
+    assert decisions["tiled-loss"].on and decisions["tiled-loss"].reason == "named by --fast-paths"
+    assert all(
+        not d.on and d.reason == "not in --fast-paths"
+        for n, d in decisions.items()
+        if n != "tiled-loss"
+    )
+    # fp16 autocast was never checked with the tiled loss: naming it does not make it so.
+    fp16 = dataclasses.replace(setting, precision="fp16")
+    assert not decide(fastpaths.PATHS["tiled-loss"], fp16).on
+
+
+def test_the_device_type_comes_from_the_accelerator_unless_the_cpu_is_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("cuda"))
+    paths = FastPaths.of(_config(tmp_path))
+    assert paths.setting.device == "cuda"
+    assert not any(paths.on(name) for name in NAMES)
+    cpu = FastPaths.of(_config(tmp_path, training_args={"use_cpu": True}))
+    assert cpu.setting.device == "cpu" and all(cpu.on(name) for name in NAMES)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    assert FastPaths.of(_config(tmp_path)).setting.device == "cpu"
+
+
+def test_wrappers_are_read_from_flags_training_args_and_the_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert fastpaths.wrappers(_config(tmp_path)) == ()
+    assert fastpaths.wrappers(_config(tmp_path, torch_compile=True)) == ("compile",)
+    assert fastpaths.wrappers(_config(tmp_path, training_args={"fsdp": "full_shard"})) == ("fsdp",)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert fastpaths.wrappers(_config(tmp_path)) == ("deepspeed",)
+
+
+def _patched(model: GPT2LMHeadModel) -> dict[str, bool]:
+    """Which of lmctl's changes the model carries."""
+    return {
+        "forward": "forward" in vars(model),
+        "gelu": any(isinstance(m, GELUTanh) for m in model.modules()),
+        "dropout": any(type(m) is CpuDropout for m in model.modules()),
+        "sparse": model.get_input_embeddings().sparse,
+        "attention": model.config._attn_implementation != "sdpa",
+    }
+
+
+def _loss(model: GPT2LMHeadModel) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.train()
+    ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(2)  # the same dropout masks for both models
+    model.zero_grad()
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), [p.grad.to_dense() for p in model.parameters()]
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [_setting(requested="off"), _setting(device="cuda"), _setting(device="cuda", precision="bf16")],
+    ids=["off", "cuda", "cuda-bf16"],
+)
+def test_where_every_path_is_off_the_model_trains_through_its_own_code(
+    tmp_path: Path, setting: Setting
+) -> None:
+    config = _config(
+        tmp_path, fast_paths=setting.requested if setting.requested == "off" else "auto"
+    )
+    paths = FastPaths.of(config, setting)
+    model, stock = _gpt2(), _gpt2()
+    install_fast_paths(paths, config, CLM, model)
+    assert not any(_patched(model).values()), _patched(model)
+    assert any(isinstance(m, NewGELUActivation) for m in model.modules())
+    assert type(model).forward is GPT2LMHeadModel.forward
+    assert make_optimizer(config, model, fused=paths.fused_adamw()).defaults["fused"] is None
+    loss, grads = _loss(model)
+    stock_loss, stock_grads = _loss(stock)
+    assert torch.equal(loss, stock_loss)
+    assert all(torch.equal(a, b) for a, b in zip(grads, stock_grads, strict=True))
+    line = paths.summary()
+    assert "on:" not in line
+    for name in ("tiled-loss", "fast-dropout", "sparse-embedding", "fused-gelu", "fused-adamw"):
+        assert name in line
+
+
+def test_on_a_cpu_the_same_model_gets_every_path_and_the_log_line_says_so(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    paths = FastPaths.of(_config(tmp_path), _setting())
+    model = _gpt2()
+    install_fast_paths(paths, config, CLM, model)
+    assert all(_patched(model).values()), _patched(model)
+    line = paths.summary()
+    assert line.startswith("fast paths (cpu, fp32, trainer engine; --fast-paths chooses): on: ")
+    assert "; off:" not in line
+    for name in ("tiled-loss", "fast-dropout", "sparse-embedding", "fused-gelu"):
+        assert name in line
+    assert "masked-head" not in line, "a clm run never asks for the mlm head"
+
+
+@pytest.mark.parametrize(("device", "installed"), [("cpu", True), ("cuda", False)])
+def test_the_masked_head_runs_on_a_cpu_only(tmp_path: Path, device: str, installed: bool) -> None:
+    train = tmp_path / "t.txt"
+    train.write_text("a\n")
+    values = {"model_type": "bert", "tokenizer_name": "tok", "train_file": str(train)}
+    config = build_config(MlmConfig, cli_values=values)
+    torch.manual_seed(0)
+    model = BertForMaskedLM(
+        BertConfig(
+            vocab_size=97,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=32,
+        )
+    )
+    paths = FastPaths.of(config, _setting(device=device))
+    install_fast_paths(paths, config, MLM, model)
+    assert ("forward" in vars(model)) is installed
+    assert paths.on("masked-head") is installed
+    assert "masked-head" in paths.summary()
+
+
+def test_a_model_that_does_not_fit_a_path_is_said_to_be_off_for_that_reason(
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(0)
+    untied = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=97,
+            n_layer=1,
+            n_embd=16,
+            n_head=2,
+            n_positions=32,
+            tie_word_embeddings=False,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            activation_function="gelu",
+        )
+    )
+    paths = FastPaths.of(_config(tmp_path), _setting())
+    install_fast_paths(paths, _config(tmp_path), CLM, untied)
+    assert paths.on("tiled-loss")
+    for name in ("fast-dropout", "sparse-embedding", "fused-gelu"):
+        assert not paths.on(name)
+    line = paths.summary()
+    assert "fast-dropout (the model has no dropout)" in line
+    assert "sparse-embedding (no trained input embedding tied to the output layer)" in line
+    assert "fused-gelu (the model has no tanh GELU in Python)" in line
+
+
+def test_fast_paths_accepts_auto_off_and_names(tmp_path: Path) -> None:
+    assert _config(tmp_path).fast_paths == "auto"
+    assert _config(tmp_path, fast_paths="off").fast_path_names() is None
+    listed = _config(tmp_path, fast_paths="Tiled-Loss, fused-gelu")
+    assert listed.fast_paths == "tiled-loss,fused-gelu"
+    assert listed.fast_path_names() == {"tiled-loss", "fused-gelu"}
+
+
+@pytest.mark.parametrize("value", ["tiled-los", "auto,tiled-loss", ""])
+def test_an_unknown_fast_path_is_a_config_error_naming_the_valid_ones(
+    tmp_path: Path, value: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _config(tmp_path, fast_paths=value)
+    assert "--fast-paths" in caught.value.message
+    assert all(name in (caught.value.hint or "") for name in NAMES)
+
+
+def test_an_unknown_fast_path_on_the_command_line_exits_2(tmp_path: Path) -> None:
+    train = tmp_path / "t.txt"
+    train.write_text("a\n")
+    proc = lmctl(
+        "train", "clm", "--model-type", "gpt2", "--tokenizer", "tok", "--train-file", train,
+        "--fast-paths", "tiled-loss,bogus",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "'bogus' is not a fast path" in proc.stderr
+    assert "fused-adamw" in proc.stderr
