@@ -4,10 +4,11 @@ Each fast path computes what the model's and PyTorch's own code computes (tested
 path), in less time on the hardware it was measured on. A path runs by default only on the
 device types where a benchmark showed it faster: every path so far was measured on a
 two-core CPU (``docs/benchmarks.md``), so on a CUDA GPU, until a GPU measurement says
-otherwise (``benchmarks/device.py`` writes ``docs/benchmarks-gpu.md``), training is the stock
-one: the model's own forward with its fused cross-entropy, PyTorch's dropout, GELU and
-allocator, and the engine's own optimizer. A Python loop of small matmuls that wins in a
-CPU's cache is hundreds of kernel launches on a GPU.
+otherwise (``benchmarks/device.py`` writes ``docs/benchmarks-gpu.md``), training is the
+stock one: the model's own forward and loss (one matmul for the logits, PyTorch's
+cross-entropy), PyTorch's dropout, GELU and allocator, and the engine's own optimizer. A
+Python loop of small matmuls that wins in a CPU's cache is hundreds of kernel launches on a
+GPU.
 
 Besides the device type, a path may need the model's own module tree (DeepSpeed, FSDP, LoRA
 and torch.compile wrap or replace it), one process, no gradient checkpointing, and a
