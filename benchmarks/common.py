@@ -100,6 +100,40 @@ def train_bpe_tokenizer(directory: Path, vocab_size: int = 8000) -> Path:
     return directory
 
 
+def train_wordpiece_tokenizer(directory: Path, vocab_size: int = 2000) -> Path:
+    """A BERT-style WordPiece tokenizer ([CLS] A [SEP] B [SEP], [MASK], [PAD]) learnt from the
+    shipped corpus, saved with save_pretrained."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import trainers as tokenizer_trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = tokenizer_trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=specials, show_progress=False
+    )
+    tokenizer.train_from_iterator(corpus_lines(), trainer=trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
+    )
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=512,
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    ).save_pretrained(directory)
+    return directory
+
+
 def lmctl_env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "CI": "1", "PYTHONPATH": str(ROOT / "src"), **extra}
     env.pop("LMCTL_DEBUG", None)

@@ -1095,6 +1095,35 @@ def _parallel(args: argparse.Namespace, sections: set[str]) -> list[Figure]:
     return figures
 
 
+def _keep_grid(output: str, page: str) -> str:
+    """The suite's page with the grid section that ``output`` already has (measured apart)."""
+    from benchmarks.grid import grid_block, splice
+
+    path = Path(output)
+    block = grid_block(path.read_text(encoding="utf-8")) if path.exists() else ""
+    return splice(page, block) if block else page
+
+
+def _grid(args: argparse.Namespace) -> int:
+    """Run the grid and write its section into the page, the rest of the page kept."""
+    from benchmarks.grid import render_grid, run_grid, splice
+
+    root = Path(tempfile.mkdtemp(prefix="lmctl-grid-"))
+    try:
+        work = Work(root, quick=False)
+        machine = machine_info()
+        outcomes, minutes = run_grid(work, args.grid_cells, args.quick)
+        block = render_grid(outcomes, minutes, machine)
+        output = Path(args.output)
+        page = output.read_text(encoding="utf-8") if output.exists() else "# Benchmarks\n"
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(splice(page, block), encoding="utf-8")
+        print(block)
+        return 0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one repetition")
@@ -1120,7 +1149,15 @@ def main() -> int:
     parser.add_argument("--train-steps", type=int, help="steps per training run (default 40)")
     parser.add_argument("--eval-mb", type=float, help="evaluation text (default 0.5)")
     parser.add_argument("--resume-blocks", help="two block counts (default 10000,100000)")
+    parser.add_argument(
+        "--grid",
+        action="store_true",
+        help="time to quality on the workload grid (about 35 minutes); writes its section only",
+    )
+    parser.add_argument("--grid-cells", help="only the grid cells whose name has this text")
     args = parser.parse_args()
+    if args.grid:
+        return _grid(args)
     args.reps = args.reps or (1 if args.quick else 3)
     sections = set(args.sections.split(","))
     if args.combine:
@@ -1128,7 +1165,8 @@ def main() -> int:
             Figure(**item) for path in args.combine for item in json.loads(Path(path).read_text())
         ]
         machine = machine_info()
-        text = render(figures, machine, args, float(os.environ.get("LMCTL_BENCH_MINUTES", "0")))
+        minutes = float(os.environ.get("LMCTL_BENCH_MINUTES", "0"))
+        text = _keep_grid(args.output, render(figures, machine, args, minutes))
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text, encoding="utf-8")
         print(text)
@@ -1146,7 +1184,7 @@ def main() -> int:
         def write() -> str:
             """The page so far (rewritten after every section, so a stopped run keeps it)."""
             minutes = (time.perf_counter() - started) / 60
-            text = render(figures, machine, args, minutes, timings)
+            text = _keep_grid(args.output, render(figures, machine, args, minutes, timings))
             Path(args.output).parent.mkdir(parents=True, exist_ok=True)
             Path(args.output).write_text(text, encoding="utf-8")
             return text
