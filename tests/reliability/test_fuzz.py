@@ -25,7 +25,7 @@ from pydantic.fields import FieldInfo
 
 from lmctl.config.fields import field_extra, flag_name
 from lmctl.config.push import PushConfig
-from lmctl.config.upstream import RENAMED_KEYS, TRAINING_ARGUMENT_FIELDS
+from lmctl.config.upstream import RENAMED_KEYS, training_argument_fields
 from lmctl.errors import ExitCode
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run.resume import RESUME_OVERRIDES
@@ -78,7 +78,7 @@ def valid_value(info: FieldInfo) -> st.SearchStrategy[Any]:
         return st.lists(TEXT, max_size=2)
     if get_origin(inner) is dict:
         return st.dictionaries(
-            st.sampled_from(sorted(TRAINING_ARGUMENT_FIELDS)), ANY_VALUE, max_size=2
+            st.sampled_from(sorted(frozenset(training_argument_fields()))), ANY_VALUE, max_size=2
         )
     return TEXT
 
@@ -130,7 +130,7 @@ def config_mapping(draw: st.DrawFn, model: type[BaseModel]) -> dict[str, Any]:
     keys = st.one_of(
         st.sampled_from(sorted(fields)),
         st.sampled_from(sorted(fields)),
-        st.sampled_from(sorted(TRAINING_ARGUMENT_FIELDS | set(RENAMED_KEYS))),
+        st.sampled_from(sorted(frozenset(training_argument_fields()) | set(RENAMED_KEYS))),
         st.sampled_from(sorted(fields)).map(lambda key: key[:-1]),
         st.from_regex(r"[a-z_]{1,12}", fullmatch=True),
     )

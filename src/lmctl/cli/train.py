@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from pydantic.fields import FieldInfo
@@ -87,6 +88,21 @@ Your own multiple-choice records (any number of endings):
 }
 
 
+def upstream_arguments(args: list[str]) -> list[str]:
+    """``args`` of ``lmctl ...``, with an upstream script's arguments after ``train OBJ``
+    rewritten into lmctl's flags; other commands, and ``--help``, as they are."""
+    if len(args) < 2 or args[0] != "train" or args[1] not in OBJECTIVES or "--help" in args:
+        return args
+    from lmctl.cli.upstream import upstream_command_line
+
+    config_class = get_objective(args[1]).config_class
+    return [*args[:2], *upstream_command_line(args[2:], config_class)]
+
+
+#: Hidden: the TrainingArguments fields given as flags, as JSON (see lmctl.cli.upstream).
+TrainingArgsOpt = Annotated[str | None, typer.Option("--training-args", hidden=True)]
+
+
 def cli_only_parameters(*, dry_run: bool = True) -> list[inspect.Parameter]:
     kw = inspect.Parameter.KEYWORD_ONLY
     params = [
@@ -113,12 +129,14 @@ def objective_command(
     *,
     include: Callable[[str, FieldInfo], bool] | None = None,
     extra: list[inspect.Parameter] | None = None,
+    training_args: bool = False,
 ) -> Any:
     """``lmctl <verb> <name>``: the objective's config fields (those ``include`` keeps) as
     flags, plus the CLI-only options; ``body`` gets the flags that were actually given.
 
     ``extra`` replaces ``--dry-run`` with other command options; their values are passed to
-    ``body`` in place of the dry-run switch, as a mapping.
+    ``body`` in place of the dry-run switch, as a mapping. ``training_args`` adds the hidden
+    option that carries TrainingArguments fields given as upstream flags.
     """
     config_class = get_objective(name).config_class
 
@@ -132,7 +150,10 @@ def objective_command(
         dry_run: Any = (
             {p.name: values.pop(p.name) for p in extra} if extra else values.pop("dry_run")
         )
+        passthrough = values.pop("training_args_json", None)
         cli_values = given(values, config_class)
+        if passthrough:
+            cli_values["training_args"] = json.loads(passthrough)
         run_command(
             lambda console: body(name, cli_values, config_file, dry_run, console),
             output,
@@ -141,12 +162,17 @@ def objective_command(
 
     params = config_parameters(config_class, include=include)
     params += cli_only_parameters(dry_run=extra is None) + (extra or [])
+    if training_args:
+        kw = inspect.Parameter.KEYWORD_ONLY
+        params.append(
+            inspect.Parameter("training_args_json", kw, default=None, annotation=TrainingArgsOpt)
+        )
     return with_signature(command, params, doc)
 
 
 def _make_command(name: str) -> Any:
     doc = f"{get_objective(name).summary}.\n\n{EXAMPLES.get(name, '')}"
-    return objective_command(name, "train", run_train, doc)
+    return objective_command(name, "train", run_train, doc, training_args=True)
 
 
 def run_train(

@@ -70,7 +70,7 @@ FAST_PATH_CHOICES = ("auto", "off")
 DEEPSPEED_STAGES = ("1", "2", "3")
 #: ``training_args`` keys (TrainingArguments fields) that the accelerate engine honours too.
 ACCELERATE_TRAINING_ARGS = frozenset(
-    {"adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler_kwargs"}
+    {"adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler_kwargs", "use_cpu"}
 )
 #: Schedules that need ``training_args.lr_scheduler_kwargs``: name -> keys, one of which is needed.
 SCHEDULER_KWARGS = {
@@ -677,8 +677,9 @@ class TrainConfig(StrictModel):
             ignored = sorted(set(self.training_args) - ACCELERATE_TRAINING_ARGS)
             if ignored:
                 problems.add(
-                    f"training_args {', '.join(ignored)}: not used by --engine accelerate "
-                    f"(it takes {', '.join(sorted(ACCELERATE_TRAINING_ARGS))})",
+                    f"training_args {', '.join(ignored)} (or --{', --'.join(ignored)}): not "
+                    "used by --engine accelerate (it takes "
+                    f"{', '.join(sorted(ACCELERATE_TRAINING_ARGS))})",
                     "remove them, or use --engine trainer",
                 )
         self._check_scale(problems)

@@ -114,6 +114,9 @@ def build_config(
         file_values = fields
         sources = {key: f"'{key}' in {config_file}" for key in fields}
     merged = {**(defaults or {}), **file_values, **cli_values}
+    if "training_args" in file_values and "training_args" in cli_values:
+        # Flags set single TrainingArguments fields; the file's other fields stay.
+        merged["training_args"] = {**file_values["training_args"], **cli_values["training_args"]}
     for key in cli_values:
         sources[key] = flag_name(key)
     secrets.register_in(merged)

@@ -1,143 +1,216 @@
-"""Compatibility with argument files written for the upstream example scripts.
+"""Compatibility with the upstream example scripts' arguments (args files and command lines).
 
 ``run_clm.py`` and friends accept every ``transformers.TrainingArguments`` field. Those that
 lmctl does not model itself are passed through to the Trainer unchanged (``training_args``);
-anything else unknown is an error with a did-you-mean hint. The list is static so that a
-config error never has to import transformers; a test keeps it honest against the installed
-version.
+anything else unknown is an error with a did-you-mean hint. The fields and their types are
+read from the installed transformers' declaration of ``TrainingArguments`` (its source, which
+costs milliseconds, where importing it costs seconds of torch), so that a field added by a new
+transformers release works at once, and a config error never has to import transformers.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-TRAINING_ARGUMENT_FIELDS = frozenset(
-    [
-        "output_dir",
-        "per_device_train_batch_size",
-        "num_train_epochs",
-        "max_steps",
-        "learning_rate",
-        "lr_scheduler_type",
-        "lr_scheduler_kwargs",
-        "warmup_steps",
-        "optim",
-        "optim_args",
-        "weight_decay",
-        "adam_beta1",
-        "adam_beta2",
-        "adam_epsilon",
-        "optim_target_modules",
-        "gradient_accumulation_steps",
-        "average_tokens_across_devices",
-        "max_grad_norm",
-        "label_smoothing_factor",
-        "bf16",
-        "fp16",
-        "bf16_full_eval",
-        "fp16_full_eval",
-        "tf32",
-        "gradient_checkpointing",
-        "gradient_checkpointing_kwargs",
-        "torch_compile",
-        "torch_compile_backend",
-        "torch_compile_mode",
-        "use_liger_kernel",
-        "liger_kernel_config",
-        "neftune_noise_alpha",
-        "torch_empty_cache_steps",
-        "auto_find_batch_size",
-        "logging_strategy",
-        "logging_steps",
-        "logging_first_step",
-        "log_on_each_node",
-        "logging_nan_inf_filter",
-        "include_num_input_tokens_seen",
-        "log_level",
-        "log_level_replica",
-        "disable_tqdm",
-        "report_to",
-        "run_name",
-        "eval_strategy",
-        "eval_steps",
-        "eval_delay",
-        "per_device_eval_batch_size",
-        "prediction_loss_only",
-        "eval_on_start",
-        "eval_do_concat_batches",
-        "eval_use_gather_object",
-        "eval_accumulation_steps",
-        "include_for_metrics",
-        "batch_eval_metrics",
-        "save_only_model",
-        "save_strategy",
-        "save_steps",
-        "save_on_each_node",
-        "save_total_limit",
-        "push_to_hub",
-        "hub_token",
-        "hub_private_repo",
-        "hub_model_id",
-        "hub_strategy",
-        "hub_always_push",
-        "hub_revision",
-        "load_best_model_at_end",
-        "metric_for_best_model",
-        "greater_is_better",
-        "ignore_data_skip",
-        "restore_callback_states_from_checkpoint",
-        "full_determinism",
-        "seed",
-        "data_seed",
-        "use_cpu",
-        "accelerator_config",
-        "dataloader_drop_last",
-        "dataloader_num_workers",
-        "dataloader_pin_memory",
-        "dataloader_persistent_workers",
-        "dataloader_prefetch_factor",
-        "remove_unused_columns",
-        "label_names",
-        "length_column_name",
-        "ddp_find_unused_parameters",
-        "ddp_bucket_cap_mb",
-        "ddp_broadcast_buffers",
-        "ddp_static_graph",
-        "ddp_backend",
-        "ddp_timeout",
-        "fsdp",
-        "fsdp_config",
-        "deepspeed",
-        "debug",
-        "skip_memory_metrics",
-        "do_train",
-        "do_eval",
-        "do_predict",
-        "resume_from_checkpoint",
-        "local_rank",
-    ]
-)
+from lmctl.errors import ConfigError
 
-# Keys that lmctl manages itself and never passes to the Trainer: logging and progress are
-# lmctl's own, and Hub credentials never travel in a config.
-MANAGED_TRAINING_ARGUMENTS = frozenset(
-    {"disable_tqdm", "log_level", "log_level_replica", "hub_token", "local_rank", "do_predict"}
-)
 
-# Old or no_trainer spellings -> lmctl field, with a converter for the value.
+@dataclass(frozen=True)
+class FieldKind:
+    """How a TrainingArguments field's value is read from a command line, as
+    ``HfArgumentParser`` reads it: ``kind`` is bool, int, float, str, dict (JSON text) or
+    list (one or more words); ``annotation`` is the field's declared type, for messages."""
+
+    kind: str
+    annotation: str
+    #: A mapping that may also be given as text (a file's path): JSON only when it is ``{...}``.
+    takes_text: bool = False
+
+
+#: TrainingArguments fields that lmctl accepts but does not pass on, and why.
+MANAGED_TRAINING_ARGUMENTS: dict[str, str] = {
+    "disable_tqdm": "lmctl draws its own progress display; true means --no-progress",
+    "log_level": "lmctl's log is its own (--quiet makes it terse); the libraries log errors",
+    "log_level_replica": "only the main process logs in lmctl",
+    "local_rank": "lmctl reads each process's rank from its launcher's environment",
+    "do_predict": "the upstream scripts of these objectives have no prediction step",
+}
+#: no_trainer flags (not TrainingArguments fields) that have no effect any more, and why.
+NO_EFFECT_FLAGS: dict[str, str] = {
+    "low_cpu_mem_usage": "transformers 5 always loads weights without a second full-size copy",
+}
+#: TrainingArguments fields refused on the command line, and why.
+REFUSED_TRAINING_ARGUMENTS: dict[str, str] = {
+    "parallelism_config": "an accelerate ParallelismConfig object, which no text spells",
+}
+#: TrainingArguments fields that lmctl owns under another name: field -> lmctl field.
+OWNED_TRAINING_ARGUMENTS: dict[str, str] = {
+    "hub_token": "token",
+    "hub_private_repo": "push_private",
+}
+#: Old or no_trainer spellings -> lmctl field, with a converter for the value.
 RENAMED_KEYS: dict[str, tuple[str, Any]] = {
     "torch_dtype": ("dtype", None),
     "evaluation_strategy": ("eval_strategy", None),
     "max_train_steps": ("max_steps", None),
     "num_warmup_steps": ("warmup_steps", None),
-    "use_slow_tokenizer": ("use_fast_tokenizer", lambda v: not _truthy(v)),
+    "use_slow_tokenizer": ("use_fast_tokenizer", lambda v: not truthy(v)),
 }
+#: Old spellings of TrainingArguments fields -> the field (``no_cuda`` became ``use_cpu``).
+RENAMED_TRAINING_ARGUMENTS = {"no_cuda": "use_cpu"}
+
+_SCALARS = {"bool", "int", "float", "str"}
 
 
-def _truthy(value: Any) -> bool:
+def truthy(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in {"1", "true", "yes", "on", "y", "t"}
     return bool(value)
+
+
+@functools.cache
+def training_argument_fields() -> dict[str, FieldKind]:
+    """Every ``TrainingArguments`` field of the installed transformers, with its kind."""
+    spec = importlib.util.find_spec("transformers")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        source = Path(location) / "training_args.py"
+        if source.is_file():
+            fields = _declared_fields(source.read_text(encoding="utf-8"))
+            if fields:
+                return fields
+    return _dataclass_fields()
+
+
+def _declared_fields(source: str) -> dict[str, FieldKind]:
+    """The annotated fields of ``class TrainingArguments`` in its module's source."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and node.name == "TrainingArguments":
+            return {
+                item.target.id: _kind(ast.unparse(item.annotation))
+                for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+            }
+    return {}
+
+
+def _dataclass_fields() -> dict[str, FieldKind]:  # pragma: no cover - a relayout upstream
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    return {
+        field.name: _kind(field.type if isinstance(field.type, str) else _type_text(field.type))
+        for field in dataclasses.fields(TrainingArguments)
+        if field.init
+    }
+
+
+def _type_text(annotation: Any) -> str:  # pragma: no cover - see _dataclass_fields
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def _kind(annotation: str) -> FieldKind:
+    """HfArgumentParser's reading of a declared type: ``X | None`` reads X; a union with
+    ``str`` reads text; a mapping is JSON text; ``list[X]`` takes one or more words."""
+    text = annotation.replace(" ", "")
+    if text.startswith("Optional[") and text.endswith("]"):
+        text = text[len("Optional[") : -1]
+    if text.startswith("Union[") and text.endswith("]"):
+        text = text[len("Union[") : -1].replace(",", "|")
+    parts = [part for part in _split_union(text) if part not in ("None", "NoneType")]
+    kind = "unsupported"
+    if any(part == "dict" or part.startswith("dict[") for part in parts):
+        return FieldKind("dict", annotation, takes_text="str" in parts)
+    elif len(parts) == 1 and parts[0].startswith("list["):
+        kind = "list"
+    elif len(parts) == 1 and parts[0] in _SCALARS:
+        kind = parts[0]
+    elif "str" in parts:
+        kind = "str"
+    return FieldKind(kind, annotation)
+
+
+def _split_union(text: str) -> list[str]:
+    """``a|b[c|d]|e`` -> ``[a, b[c|d], e]``."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        depth += char == "["
+        depth -= char == "]"
+        if char == "|" and depth == 0:
+            parts.append(text[start:index])
+            start = index + 1
+    parts.append(text[start:])
+    return parts
+
+
+def parse_training_argument(name: str, value: Any, flag: str) -> Any:
+    """A TrainingArguments field's value (text from a command line, or a file's value) as
+    its declared type; a value of the wrong type is a ConfigError naming the field and type."""
+    field = training_argument_fields()[name]
+    if not isinstance(value, str) and not isinstance(value, list):
+        return value
+    if field.kind == "list":
+        return [str(item) for item in (value if isinstance(value, list) else value.split())]
+    if isinstance(value, list):
+        if len(value) == 1:
+            value = value[0]
+        else:
+            raise _wrong_type(name, field, " ".join(value), flag, "one value")
+    text = value.strip()
+    try:
+        if field.kind == "bool":
+            return _bool(text)
+        if field.kind == "int":
+            return int(text)
+        if field.kind == "float":
+            return float(text)
+        if field.kind == "dict" and not (field.takes_text and not text.startswith("{")):
+            parsed = json.loads(text)
+            if not isinstance(parsed, dict):
+                raise ValueError(text)
+            return parsed
+    except ValueError:
+        raise _wrong_type(name, field, value, flag) from None
+    if field.kind == "unsupported":
+        raise ConfigError(
+            f"{flag}: {REFUSED_TRAINING_ARGUMENTS.get(name, 'not settable from text')}",
+            f"drop {flag}",
+        )
+    return value
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in {"1", "true", "yes", "on", "y", "t"}:
+        return True
+    if lowered in {"0", "false", "no", "off", "n", "f"}:
+        return False
+    raise ValueError(text)
+
+
+_KIND_WORDS = {
+    "bool": "a boolean (true or false)",
+    "int": "an integer",
+    "float": "a number",
+    "dict": "a JSON object, e.g. '{\"key\": 1}'",
+}
+
+
+def _wrong_type(
+    name: str, field: FieldKind, value: str, flag: str, wanted: str | None = None
+) -> ConfigError:
+    expected = wanted or _KIND_WORDS.get(field.kind, field.kind)
+    return ConfigError(
+        f"{flag} {value!r}: TrainingArguments.{name} is {field.annotation}, so it takes {expected}",
+        f"give {flag} {expected}",
+    )
 
 
 def translate_upstream(
@@ -149,6 +222,7 @@ def translate_upstream(
     unknown: list[str] = []
     for raw_key, value in data.items():
         key = raw_key.replace("-", "_")
+        key = RENAMED_TRAINING_ARGUMENTS.get(key, key)
         if key == "fsdp" and isinstance(value, (str, list)):
             flags = fsdp_flags(value)
             if flags is None:
@@ -160,10 +234,12 @@ def translate_upstream(
             fields[target] = convert(value) if convert else value
         elif key in known_fields:
             fields[key] = value
-        elif key in TRAINING_ARGUMENT_FIELDS and key not in MANAGED_TRAINING_ARGUMENTS:
-            passthrough[key] = value
+        elif key in OWNED_TRAINING_ARGUMENTS and OWNED_TRAINING_ARGUMENTS[key] in known_fields:
+            fields[OWNED_TRAINING_ARGUMENTS[key]] = value
         elif key in MANAGED_TRAINING_ARGUMENTS:
             continue
+        elif key in training_argument_fields():
+            passthrough[key] = value
         else:
             unknown.append(raw_key)
     return fields, passthrough, unknown

@@ -87,7 +87,9 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Any:
     from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 
     precision = config.mixed_precision(distributed.native_bf16)
-    cpu_only = distributed.world_size() > 1 and not torch.accelerator.is_available()
+    cpu_only = bool(config.training_args.get("use_cpu")) or (
+        distributed.world_size() > 1 and not torch.accelerator.is_available()
+    )
     try:
         accelerator = Accelerator(
             cpu=cpu_only,
