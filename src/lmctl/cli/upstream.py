@@ -216,6 +216,16 @@ def upstream_command_line(args: list[str], model: type[BaseModel]) -> list[str]:
                     out.append(words[index])
             index += 1
             continue
+        if spelling == "--fsdp" and "fsdp" in by_field and _fsdp_words(words, index, inline):
+            # the Trainer's string form, ``--fsdp "full_shard auto_wrap"``
+            text = value_after(spelling, inline)
+            flags = fsdp_flags(text)
+            if flags is None:
+                given.training_args["fsdp"] = text
+            for name, value in (flags or {}).items():
+                set_lmctl(by_field[name], flag_name(name), str(value), invert=False, bare=False)
+            index += 1
+            continue
         if spelling in by_flag:
             option = by_flag[spelling]
             negated = option.kind == "bool" and spelling == option.off
@@ -243,15 +253,6 @@ def upstream_command_line(args: list[str], model: type[BaseModel]) -> list[str]:
                 hub[key] = _bool_word(spelling, text) != negated
             else:
                 hub[key] = value_after(spelling, inline)
-        elif key == "fsdp" and "fsdp" in by_field:
-            text = value_after(spelling, inline)
-            flags = fsdp_flags(text)
-            if flags is None:
-                given.training_args["fsdp"] = text
-            for name, value in (flags or {}).items():
-                set_lmctl(
-                    by_field[name], flag_name(name), str(value).lower(), invert=False, bare=False
-                )
         elif key in by_field:
             set_lmctl(by_field[key], spelling, inline, invert=negated != inverse, bare=negated)
         elif key in MANAGED_TRAINING_ARGUMENTS or key in NO_EFFECT_FLAGS:
@@ -284,6 +285,16 @@ def upstream_command_line(args: list[str], model: type[BaseModel]) -> list[str]:
     if given.training_args:
         out += [TRAINING_ARGS_FLAG, json.dumps(given.training_args)]
     return out
+
+
+def _fsdp_words(words: list[str], index: int, inline: str | None) -> bool:
+    """Whether ``--fsdp`` at ``index`` is given the Trainer's words rather than a boolean."""
+    following = inline if inline is not None else (words[index + 1 :] or [""])[0]
+    return (
+        bool(following)
+        and not following.startswith("-")
+        and following.lower() not in _TRUE | _FALSE
+    )
 
 
 def _upstream_name(key: str, by_field: dict[str, _Option] | None = None) -> bool:
