@@ -234,3 +234,12 @@ def test_bad_upstream_input_exits_2_with_one_message(
 ) -> None:
     proc = lmctl("train", "clm", *data, *extra, cwd=tmp_path)
     assert_clean_failure(proc, 2, *needles)
+
+
+def test_migration_page_lists_every_field_without_an_effect_or_refused() -> None:
+    from lmctl.config.upstream import NO_EFFECT_FLAGS
+
+    page = (Path(__file__).parent.parent / "docs" / "migrating.md").read_text(encoding="utf-8")
+    listed = {**MANAGED_TRAINING_ARGUMENTS, **NO_EFFECT_FLAGS, **REFUSED_TRAINING_ARGUMENTS}
+    for name, reason in listed.items():
+        assert f"| `{name}`" in page and reason in page, name

@@ -56,6 +56,8 @@ def markdown_reference(root: CommandDoc) -> str:
                     + f" | {_cell(default)} |"
                 )
             lines.append("")
+        if len(doc.path) == 2 and doc.path[0] == "train":
+            lines += _upstream_spellings(doc)
         if doc.children:
             lines += ["| Command | Description |", "| --- | --- |"]
             for child in doc.children:
@@ -63,6 +65,53 @@ def markdown_reference(root: CommandDoc) -> str:
                 lines.append(f"| [`{child.path[-1]}`](#{anchor}) | {_cell(child.summary)} |")
             lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+UPSTREAM_NOTE = (
+    "**Upstream spellings.** `lmctl {command}` also takes the command line of "
+    "`{scripts}` unchanged (hidden from `--help`): every option above as upstream spells it, "
+    "`--snake_case` beside `--kebab-case` ({examples}), `--flag=value`, the boolean forms "
+    "`--do_train`, `--do_train true`, `--do_train=False` and `--no_do_train`, and lists as "
+    "several words (`--report_to tensorboard wandb`, `--report_to none`). Besides: every "
+    "field of the installed transformers' `TrainingArguments` (`--use_cpu`, `--optim "
+    "adamw_torch_fused`, `--lr_scheduler_kwargs '{{\"power\": 2}}'`), parsed with the field's "
+    "own type and passed to the Trainer (`--engine accelerate` refuses those it has no "
+    "meaning for, by name); the older and no_trainer spellings {renamed}; and an args file as an "
+    "argument (`lmctl {command} args.json`, or `.yaml`), which flags override. Where the two "
+    "script families differ (`--lr-scheduler-type`'s schedules, `--seed`), the chosen "
+    "`--engine` decides. [migrating.md](migrating.md) lists what each upstream flag becomes."
+)
+#: The upstream scripts of each objective.
+UPSTREAM_SCRIPTS = {
+    "clm": "run_clm.py` and `run_clm_no_trainer.py",
+    "mlm": "run_mlm.py` and `run_mlm_no_trainer.py",
+    "plm": "run_plm.py",
+    "swag": "run_swag.py` and `run_swag_no_trainer.py",
+}
+
+
+def _upstream_spellings(doc: CommandDoc) -> list[str]:
+    from lmctl.config.upstream import RENAMED_KEYS
+
+    flags = [
+        option.names[0]
+        for option in doc.options
+        if not option.argument and option.names[0].startswith("--") and "-" in option.names[0][2:]
+    ]
+    examples = ", ".join(f"`{flag[:2] + flag[2:].replace('-', '_')}`" for flag in flags[:4])
+    renamed = ", ".join(
+        f"`--{old}` (`--{'no-' if convert else ''}{new.replace('_', '-')}`)"
+        for old, (new, convert) in RENAMED_KEYS.items()
+    )
+    note = UPSTREAM_NOTE.format(
+        command=" ".join(doc.path),
+        scripts=UPSTREAM_SCRIPTS.get(doc.path[1], f"run_{doc.path[1]}.py"),
+        examples=examples + ", ...",
+        renamed=renamed
+        + ", `--with_tracking`, `--checkpointing_steps N|epoch`, `--hub_token` (`--token`), "
+        "`--push_to_hub --hub_model_id NS/REPO` (`--push-to hf://NS/REPO`)",
+    )
+    return [note, ""]
 
 
 def _words(items: list[str]) -> str:
