@@ -351,3 +351,54 @@ def test_the_table_covers_every_script() -> None:
         "run_mlm_no_trainer.py",
         "run_swag_no_trainer.py",
     }
+
+
+# The upstream test's command line through lmctl, and upstream's recipe (benchmarks/upstream.py)
+# with the same settings, on the same local model and data.
+SAMPLE = "./tests/fixtures/sample_text.txt"
+PARITY = [
+    (
+        "run_clm.py",
+        TESTS_CLM,
+        ["clm", "--block-size", "128", "--batch-size", "5", "--epochs", "2"],
+        (SAMPLE, SAMPLE),
+    ),
+    (
+        "run_mlm.py",
+        f"--model_name_or_path FacebookAI/roberta-base {FILES} {BATCHES} --do_train "
+        "--do_eval --output_dir /tmp/test-mlm --line_by_line",
+        ["mlm", "--line-by-line", "--max-seq-length", "128", "--epochs", "3"],
+        ("train.txt", "validation.txt"),
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script,line,recipe,data", PARITY, ids=[p[0] for p in PARITY])
+def test_upstream_command_line_gives_upstreams_eval_loss(
+    workdir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    script: str,
+    line: str,
+    recipe: list[str],
+    data: tuple[str, str],
+) -> None:
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(workdir)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args, out = _lmctl_args(script, line, tmp_path)
+    assert run_lmctl(args) == 0, args
+    ours = json.loads((out / "all_results.json").read_text())["eval_loss"]
+    model = args[args.index("--model_name_or_path") + 1]
+    results = tmp_path / "upstream.json"
+    script_path = Path(__file__).resolve().parent.parent / "benchmarks" / "upstream.py"
+    command = [sys.executable, str(script_path), *recipe[:1], "--model", model]
+    command += ["--train-file", data[0], "--validation-file", data[1], *recipe[1:]]
+    command += ["--output-dir", str(tmp_path / "upstream"), "--out", str(results)]
+    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    theirs = json.loads(results.read_text())["eval_loss"]
+    assert ours == pytest.approx(theirs, rel=0.03), (ours, theirs)
