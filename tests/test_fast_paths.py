@@ -20,7 +20,7 @@ from lmctl.engine.optim import make_optimizer
 from lmctl.errors import ConfigError
 from lmctl.models import fastpaths
 from lmctl.models.dropout import CpuDropout
-from lmctl.models.fastpaths import TABLE, FastPaths, Setting, decide
+from lmctl.models.fastpaths import PATHS, TABLE, FastPaths, Setting, decide
 from lmctl.objectives.clm import OBJECTIVE as CLM
 from lmctl.objectives.clm import ClmConfig
 from lmctl.objectives.mlm import OBJECTIVE as MLM
@@ -74,9 +74,14 @@ def test_on_a_cuda_device_every_cpu_measured_path_is_off(engine: str, precision:
         assert decision.reason in ("not measured faster on cuda", f"not checked in {precision}")
 
 
-def test_on_a_cpu_every_path_is_on_by_default() -> None:
+def test_on_a_cpu_every_path_is_on_by_default_but_those_that_change_the_results() -> None:
     for path in TABLE:
         decision = decide(path, _setting())
+        if path.name == "fast-dropout":
+            # Other random numbers than PyTorch's dropout: results other than upstream's.
+            assert not decision.on and "other random numbers" in decision.reason
+            assert decide(path, _setting(requested=frozenset({path.name}))).on
+            continue
         assert decision.on, (path.name, decision)
         assert "measured faster on cpu" in decision.reason
 
@@ -104,8 +109,12 @@ def test_settings_that_exclude_a_path_turn_it_off_on_any_device(
     for requested in ("auto", frozenset(NAMES)):
         setting = _setting(**changes, requested=requested)
         decisions = {path.name: decide(path, setting) for path in TABLE}
-        assert {name for name, d in decisions.items() if not d.on} == off
-        assert all(decisions[name].reason == reason for name in off)
+        expected = off
+        if requested == "auto":  # off by default, whatever the setting
+            decisions = {n: d for n, d in decisions.items() if not PATHS[n].not_by_default}
+            expected = {n for n in off if not PATHS[n].not_by_default}
+        assert {name for name, d in decisions.items() if not d.on} == expected
+        assert all(decisions[name].reason == reason for name in expected)
 
 
 def test_a_list_turns_on_the_paths_it_names_on_any_device_and_no_others() -> None:
@@ -131,7 +140,8 @@ def test_the_device_type_comes_from_the_accelerator_unless_the_cpu_is_asked_for(
     assert paths.setting.device == "cuda"
     assert not any(paths.on(name) for name in NAMES)
     cpu = FastPaths.of(_config(tmp_path, training_args={"use_cpu": True}))
-    assert cpu.setting.device == "cpu" and all(cpu.on(name) for name in NAMES)
+    assert cpu.setting.device == "cpu"
+    assert all(cpu.on(name) for name in NAMES if not PATHS[name].not_by_default)
     monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
     assert FastPaths.of(_config(tmp_path)).setting.device == "cpu"
 
@@ -197,13 +207,17 @@ def test_where_every_path_is_off_the_model_trains_through_its_own_code(
 
 def test_on_a_cpu_the_same_model_gets_every_path_and_the_log_line_says_so(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    paths = FastPaths.of(_config(tmp_path), _setting())
+    paths = FastPaths.of(_config(tmp_path), _setting(requested=frozenset(NAMES)))
     model = _gpt2()
     install_fast_paths(paths, config, CLM, model)
     assert all(_patched(model).values()), _patched(model)
     line = paths.summary()
     assert line.startswith("fast paths (cpu, fp32, trainer engine; --fast-paths chooses): on: ")
     assert "; off:" not in line
+    default = FastPaths.of(config, _setting())
+    install_fast_paths(default, config, CLM, _gpt2())
+    assert not default.on("fast-dropout")
+    assert "off: fast-dropout (other random numbers" in default.summary()
     for name in ("tiled-loss", "fast-dropout", "sparse-embedding", "fused-gelu"):
         assert name in line
     assert "masked-head" not in line, "a clm run never asks for the mlm head"
@@ -251,7 +265,7 @@ def test_a_model_that_does_not_fit_a_path_is_said_to_be_off_for_that_reason(
             activation_function="gelu",
         )
     )
-    paths = FastPaths.of(_config(tmp_path), _setting())
+    paths = FastPaths.of(_config(tmp_path), _setting(requested=frozenset(NAMES)))
     install_fast_paths(paths, _config(tmp_path), CLM, untied)
     assert paths.on("tiled-loss")
     for name in ("fast-dropout", "sparse-embedding", "fused-gelu"):
