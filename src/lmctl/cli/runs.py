@@ -64,8 +64,14 @@ def _row(summary: Any) -> list[str]:
 
 def run_runs(folder: str, console: Console) -> dict[str, Any]:
     from lmctl.run.summary import find_runs, summarize
+    from lmctl.storage.paths import local_folder_problem, local_path
 
-    root = Path(folder)
+    problem = local_folder_problem(
+        "DIR", folder, "copy the runs to a local folder and list that folder"
+    )
+    if problem is not None:
+        raise ConfigError(*problem)
+    root = local_path(folder)
     if not root.exists():
         raise ConfigError(f"{folder}: no such directory", "give the folder that holds your runs")
     summaries = [summarize(path) for path in find_runs(root)]

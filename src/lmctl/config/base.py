@@ -33,7 +33,16 @@ from lmctl.config.fields import (
     flag_name,
     option,
 )
-from lmctl.storage.paths import data_extension, has_glob, is_remote, local_path, matching_files
+from lmctl.storage.paths import (
+    data_extension,
+    has_glob,
+    is_remote,
+    local_folder,
+    local_folder_problem,
+    local_path,
+    matching_files,
+    url_scheme,
+)
 
 DATA_EXTENSIONS = ("txt", "csv", "json", "jsonl", "parquet")
 LrScheduler = Literal[
@@ -553,6 +562,12 @@ class TrainConfig(StrictModel):
             for name in value
         ]
 
+    @field_validator("resume_from_checkpoint", "prepared_cache_dir", "cache_dir")
+    @classmethod
+    def _plain_local_folder(cls, value: str | None) -> str | None:
+        """``file:///abs`` names the local folder ``/abs``; other URLs are refused in check."""
+        return None if value is None else local_folder(value)
+
     @field_validator("deepspeed")
     @classmethod
     def _absolute_deepspeed_file(cls, value: str | None) -> str | None:
@@ -697,13 +712,46 @@ class TrainConfig(StrictModel):
                 "--streaming needs --max-steps: a stream has no length to count epochs in",
                 "give the number of optimizer steps, e.g. --max-steps 10000",
             )
+        self._check_locations(problems)
         if self.resume_from_checkpoint not in (None, "auto"):
             ckpt = self.resume_from_checkpoint
-            if not is_remote(ckpt) and not local_path(ckpt).is_dir():
+            if url_scheme(ckpt) is None and not local_path(ckpt).is_dir():
                 problems.add(
                     f"--resume-from-checkpoint {ckpt}: no such directory",
                     "give a checkpoint directory, or 'auto' for the newest in --output-dir",
                 )
+
+    def _check_locations(self, problems: Problems) -> None:
+        """Folder options given a URL: the run directory may be remote (see
+        :mod:`lmctl.storage.locations`), the others live on the local disk; no URL is ever
+        taken for a local path."""
+        from lmctl.storage.locations import run_location_problem
+
+        found = [run_location_problem("--output-dir", self.output_dir)]
+        found.append(
+            local_folder_problem(
+                "--resume-from-checkpoint",
+                self.resume_from_checkpoint,
+                "to continue a run kept in a bucket, run 'lmctl resume URL'",
+            )
+        )
+        for name in ("prepared_cache_dir", "cache_dir"):
+            found.append(
+                local_folder_problem(
+                    flag_name(name), getattr(self, name), "give a folder on the local disk"
+                )
+            )
+        found.append(
+            local_folder_problem(
+                "training_args.logging_dir",
+                self.training_args.get("logging_dir"),
+                "give a folder on the local disk (by default the logs go into the run "
+                "directory's runs/ folder)",
+            )
+        )
+        for problem in found:
+            if problem is not None:
+                problems.add(*problem)
 
     def _changed(self, name: str) -> bool:
         return bool(getattr(self, name) != type(self).model_fields[name].default)

@@ -31,6 +31,7 @@ from lmctl.errors import ConfigError
 from lmctl.models.fastpaths import FastPaths
 from lmctl.objectives.common import SeededCollator
 from lmctl.run.signals import StopRequest
+from lmctl.storage.paths import local_folder
 
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
@@ -125,6 +126,8 @@ def training_arguments(config: TrainConfig, run_dir: Path, paths: FastPaths | No
         values["use_cpu"] = True
     values.update(trainer_options(config))
     values.update(config.training_args)
+    if isinstance(values.get("logging_dir"), str):
+        values["logging_dir"] = local_folder(values["logging_dir"])  # file:///abs is /abs
     if config.streaming:
         # Each rank reads its own shards of the stream (accelerate shards a datasets
         # IterableDataset by its shard list); the default for iterable data, dispatch_batches,

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from lmctl.errors import ConfigError, LmctlError, PermissionDenied, RemoteUnreachable
 from lmctl.storage import hub
-from lmctl.storage.paths import is_remote, local_path
+from lmctl.storage.paths import is_remote, local_path, url_scheme
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -487,3 +487,21 @@ def _download(
 def forget_fetched() -> None:
     """Check remote objects again on the next :func:`localize` (the on-disk cache stays)."""
     _localize_remote.cache_clear()
+
+
+# Run directories ------------------------------------------------------------------------
+
+
+def run_location_problem(flag: str, value: object) -> tuple[str, str] | None:
+    """Why ``value`` cannot be a run directory (``--output-dir``), or None.
+
+    A plain path is a local run directory. A URL is never taken for a local path (``s3://b/r``
+    would otherwise become a folder named ``s3:``).
+    """
+    if not isinstance(value, str) or url_scheme(value) is None:
+        return None
+    return (
+        f"{flag} {value}: a run directory on a storage URL is not supported",
+        "give a local directory, and publish the finished model with --push-to URL or "
+        "'lmctl push RUN_DIR --to URL'",
+    )

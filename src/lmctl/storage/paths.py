@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -33,3 +34,38 @@ def matching_files(path: str) -> list[str]:
 def data_extension(path: str) -> str:
     name = path.rstrip("/").rsplit("/", 1)[-1]
     return name.rsplit(".", 1)[-1].lower() if "." in name else ""
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def url_scheme(text: str) -> str | None:
+    """The protocol of a URL (``s3`` for ``s3://bucket/key``, ``file`` for ``file:///x``), or
+    None for a plain path."""
+    match = _SCHEME.match(text.strip())
+    return match.group(1).lower() if match else None
+
+
+def local_folder_problem(flag: str, value: object, instead: str) -> tuple[str, str] | None:
+    """Why a folder option that lives on the local disk cannot take ``value``: a URL other
+    than ``file://`` (it would otherwise be created as a local folder named after the URL).
+    ``instead`` says what to do with a remote location. None when ``value`` is fine."""
+    if not isinstance(value, str):
+        return None
+    scheme = url_scheme(value)
+    if scheme is None:
+        return None
+    if scheme == "file":
+        if value.strip()[len("file://") :].startswith("/"):
+            return None
+        return f"{flag} {value}: a file URL needs an absolute path", "write file:///ABSOLUTE/PATH"
+    return (
+        f"{flag} {value}: {scheme}:// is not supported here; {flag} takes a local directory "
+        "(or file:///ABSOLUTE/PATH)",
+        instead,
+    )
+
+
+def local_folder(value: str) -> str:
+    """A local folder option as a plain path (``file:///abs`` becomes ``/abs``)."""
+    return str(local_path(value)) if url_scheme(value) == "file" else value
