@@ -1,24 +1,155 @@
-"""Run directories on object storage (``--output-dir s3://...``, ``file://...``)."""
+"""Run directories on object storage (``--output-dir s3://...``, ``file://...``): written into
+a local copy, each checkpoint uploaded when complete with its manifest last, the oldest
+deleted in the store too, the finished run's files uploaded the same way."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_clean_failure, lmctl, tiny_clm_args
+from tests.conftest import S3Store, assert_clean_failure, lmctl, tiny_clm_args
 
 pytestmark = pytest.mark.e2e
 
+MANIFEST = "lmctl-manifest.json"
+
+
+class Store:
+    """A remote run directory and a way to read every object under it."""
+
+    def __init__(self, kind: str, tmp: Path, s3: S3Store | None) -> None:
+        self.kind, self.s3 = kind, s3
+        if kind == "s3":
+            assert s3 is not None
+            self.prefix = f"{tmp.name}/run"
+            self.url = f"s3://{s3.bucket}/{self.prefix}"
+        else:
+            self.root = tmp / "store" / "run"
+            self.url = f"file://{self.root}"
+
+    def env(self, tmp: Path) -> dict[str, str]:
+        base = {"LMCTL_CACHE_DIR": str(tmp / "cache")}
+        return {**base, **(self.s3.env() if self.s3 is not None else {})}
+
+    def objects(self) -> dict[str, bytes]:
+        """Every object below the run directory, by its path relative to it; and whatever
+        lies beside it (staging prefixes) under the key ``../NAME``."""
+        if self.s3 is not None:
+            parent = self.prefix.rsplit("/", 1)[0] + "/"
+            keys = self.s3.keys(parent)
+            return {self._rel(key[len(parent) :]): self.s3.read(key) for key in keys}
+        parent = self.root.parent
+        return {
+            self._rel(path.relative_to(parent).as_posix()): path.read_bytes()
+            for path in parent.rglob("*")
+            if path.is_file()
+        }
+
+    @staticmethod
+    def _rel(key: str) -> str:
+        return key[len("run/") :] if key.startswith("run/") else f"../{key}"
+
+
+@pytest.fixture(params=["s3", "file"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    s3 = request.getfixturevalue("s3_store") if request.param == "s3" else None
+    return Store(request.param, tmp_path, s3)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _complete(objects: dict[str, bytes], folder: str) -> dict[str, bytes]:
+    """The files of ``folder`` ('' for the run itself) that its manifest lists, each checked
+    against its size and SHA-256 there."""
+    prefix = f"{folder}/" if folder else ""
+    manifest = json.loads(objects[f"{prefix}{MANIFEST}"])
+    files = {}
+    for item in manifest["files"]:
+        data = objects[prefix + item["path"]]
+        assert len(data) == item["size"] and _sha(data) == item["sha256"], item
+        files[item["path"]] = data
+    return files
+
+
+def test_train_to_a_remote_run_directory(
+    store: Store, tmp_path: Path, bpe_tokenizer: Path, text_files: tuple[Path, Path]
+) -> None:
+    args = tiny_clm_args(
+        bpe_tokenizer, text_files, "-o", store.url, "--save-steps", "1", "--save-total-limit", "2"
+    )
+    proc = lmctl(*args, cwd=tmp_path, env=store.env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    staging = next((tmp_path / "cache" / "runs").iterdir())
+    assert f"written to {staging} first" in proc.stderr
+    assert not any(p.name.endswith(":") for p in tmp_path.iterdir())
+
+    objects = store.objects()
+    # Nothing is left beside the run or half-written in it.
+    assert not [key for key in objects if key.startswith("../") or "lmctl-staging" in key]
+    checkpoints = sorted({key.split("/")[0] for key in objects if key.startswith("checkpoint-")})
+    assert checkpoints == ["checkpoint-3", "checkpoint-4"]
+    for name in checkpoints:
+        files = _complete(objects, name)
+        local = staging / name
+        assert sorted(files) == sorted(p.name for p in local.iterdir())
+        assert all(files[rel] == (local / rel).read_bytes() for rel in files)
+    run_files = _complete(objects, "")
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "lmctl.yaml",
+        "README.md",
+        "loss.png",
+        "all_results.json",
+        "metrics.jsonl",
+    ):
+        assert run_files[name] == (staging / name).read_bytes(), name
+    assert f"output_dir: {store.url}" in run_files["lmctl.yaml"].decode()
+
+    # The same URL again: refused before any work, whether this machine has its copy or not.
+    again = lmctl(*args, cwd=tmp_path, env=store.env(tmp_path))
+    assert_clean_failure(again, 2, "holds an earlier run", "lmctl resume")
+    fresh = {**store.env(tmp_path), "LMCTL_CACHE_DIR": str(tmp_path / "other-cache")}
+    again = lmctl(*args, cwd=tmp_path, env=fresh)
+    assert_clean_failure(again, 2, f"--output-dir {store.url} already holds a run")
+    assert store.objects() == objects
+
+
+def test_uploads_that_keep_failing_stop_the_run(
+    tmp_path: Path, bpe_tokenizer: Path, text_files: tuple[Path, Path]
+) -> None:
+    """A file where the first checkpoint's upload must go: tried again, then the run stops
+    with exit code 6 and keeps its local copy."""
+    store = Store("file", tmp_path, None)
+    store.root.mkdir(parents=True)
+    (store.root / ".checkpoint-1.lmctl-staging").write_text("in the way\n")
+    env = {**store.env(tmp_path), "LMCTL_UPLOAD_ATTEMPTS": "2", "LMCTL_UPLOAD_BACKOFF": "0.1"}
+    args = tiny_clm_args(bpe_tokenizer, text_files, "-o", store.url, "--save-steps", "1")
+    proc = lmctl(*args, cwd=tmp_path, env=env)
+    assert_clean_failure(proc, 6, "uploading checkpoint-1", "failed 2 times", "local copy")
+    assert "trying again in 0.1 s (1 of 2)" in proc.stderr
+    staging = next((tmp_path / "cache" / "runs").iterdir())
+    assert (staging / "checkpoint-1" / "trainer_state.json").is_file()
+    assert not (store.root / "checkpoint-1" / MANIFEST).exists()
+
 
 @pytest.mark.parametrize(
-    "url",
-    ["s3://models/run", "gs://models/run", "file:///tmp/lmctl-nowhere/run", "hf://user/run"],
-    ids=["s3", "gs", "file", "hf"],
+    ("url", "needle"),
+    [
+        ("hf://user/run", "Hugging Face Hub cannot hold a run directory"),
+        ("nosuchproto://bucket/run", "unknown storage protocol"),
+        ("file://relative/run", "absolute path"),
+    ],
+    ids=["hf", "unknown", "relative-file"],
 )
 def test_unsupported_output_url_is_refused(
-    tmp_path: Path, bpe_tokenizer: Path, text_files: tuple[Path, Path], url: str
+    tmp_path: Path, bpe_tokenizer: Path, text_files: tuple[Path, Path], url: str, needle: str
 ) -> None:
     proc = lmctl(*tiny_clm_args(bpe_tokenizer, text_files, "-o", url, steps=1), cwd=tmp_path)
-    assert_clean_failure(proc, 2, f"--output-dir {url}")
+    assert_clean_failure(proc, 2, f"--output-dir {url}", needle)
     assert list(tmp_path.iterdir()) == []

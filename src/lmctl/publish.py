@@ -104,12 +104,23 @@ def collect_files(
     ).files
 
 
-def select_files(path: Path, *, include_checkpoints: bool, include_optimizer: bool) -> Selection:
+def select_files(
+    path: Path,
+    *,
+    include_checkpoints: bool,
+    include_optimizer: bool,
+    require_model: bool = True,
+    leave_out: tuple[str, ...] = (),
+) -> Selection:
     """The files to publish, with the training state left out of checkpoints (unless
-    ``include_optimizer``) and pickled settings that hold a secret withheld."""
+    ``include_optimizer``) and pickled settings that hold a secret withheld.
+
+    ``require_model=False`` takes a run that has no final model yet (a run directory being
+    uploaded while it trains); the top-level entries named in ``leave_out`` are skipped.
+    """
     if not path.is_dir():
         raise ConfigError(f"{path}: no such directory", "give a run directory or a model directory")
-    if not (path / "config.json").is_file():
+    if require_model and not (path / "config.json").is_file():
         if is_run_dir(path):
             raise ConfigError(
                 f"{path}: the run has no final model (no config.json)",
@@ -130,7 +141,7 @@ def select_files(path: Path, *, include_checkpoints: bool, include_optimizer: bo
         rel = file.relative_to(path)
         if any(part.startswith(".") for part in rel.parts) or not file.is_file():
             continue
-        if rel.as_posix() == locations.MANIFEST:
+        if rel.as_posix() == locations.MANIFEST or rel.parts[0] in leave_out:
             continue
         in_checkpoint = bool(rundir.CHECKPOINT_PATTERN.match(rel.parts[0])) and len(rel.parts) > 1
         if in_checkpoint and not include_checkpoints:
@@ -404,12 +415,22 @@ def _hub_failure(exc: Exception, where: str) -> Exception:
 class StoreTarget:
     """An fsspec location, published through a staging prefix and a manifest written last."""
 
-    def __init__(self, location: locations.Location, console: Console) -> None:
+    def __init__(
+        self,
+        location: locations.Location,
+        console: Console,
+        *,
+        verbose: bool = True,
+        access_checked: bool = False,
+    ) -> None:
         self.location = location
         self.url = location.url.rstrip("/")
         self.console = console
+        #: False: no line per file and none at the end (the caller reports the upload).
+        self.verbose = verbose
         self._writes = 0
-        self._checked = False
+        #: True: the caller checked write access to this store already.
+        self._checked = access_checked
 
     def _staging(self, root: str) -> str:
         """A sibling of the destination, so that nothing in it shows under the destination."""
@@ -439,7 +460,8 @@ class StoreTarget:
             with suppress(OSError):
                 fs.rmdir(staging)
         self._checked = True
-        self.console.info(f"{self.url}: write access checked")
+        if self.verbose:
+            self.console.info(f"{self.url}: write access checked")
 
     def published_files(self) -> list[str]:
         """The files the destination's manifest lists (and an interrupted push's kept copy of
@@ -489,7 +511,8 @@ class StoreTarget:
                     "rerun the same command; verified objects are not uploaded again",
                 )
             uploaded.append(item.rel)
-            self.console.info(f"uploaded {item.rel} ({human_size(item.size)}), verified")
+            if self.verbose:
+                self.console.info(f"uploaded {item.rel} ({human_size(item.size)}), verified")
             self._written()
         # From here on the destination changes: first take its manifest away (kept in
         # staging, so that a re-run still knows which old files to remove).
@@ -532,10 +555,11 @@ class StoreTarget:
         self._write_last(fs, staging, manifest_path, manifest)
         if fs.exists(staging):
             fs.rm(staging, recursive=True)
-        self.console.info(
-            f"published {len(files)} files to {self.url} ({len(uploaded)} uploaded, "
-            f"{len(reused)} already verified)"
-        )
+        if self.verbose:
+            self.console.info(
+                f"published {len(files)} files to {self.url} ({len(uploaded)} uploaded, "
+                f"{len(reused)} already verified)"
+            )
         return {
             "destination": self.url,
             "manifest": f"{self.url}/{locations.MANIFEST}",
@@ -589,7 +613,10 @@ def push(
     """``lmctl push``: refresh a run's model card, then publish (or list, with ``dry_run``:
     the files it would upload, and those of another model at the destination it would
     delete)."""
-    options = {"include_checkpoints": include_checkpoints, "include_optimizer": include_optimizer}
+    options: dict[str, Any] = {
+        "include_checkpoints": include_checkpoints,
+        "include_optimizer": include_optimizer,
+    }
     selection = select_files(path, **options)
     _report_left_out(selection, console)
     if dry_run:

@@ -282,9 +282,18 @@ class TrainConfig(StrictModel):
     engine: Engine = option("trainer", "Training engine.", panel=PANEL_TRAINING)
     output_dir: str | None = option(
         None,
-        "Run directory (default: runs/<objective>-<date>-<time>).",
+        "Run directory (default: runs/<objective>-<date>-<time>): a local folder, or a "
+        "storage URL (s3://, gs://, file://, any fsspec protocol) that each checkpoint and "
+        "the final model are uploaded to.",
         panel=PANEL_TRAINING,
         flags=("-o",),
+    )
+    staging_dir: str | None = option(
+        None,
+        "With a storage URL as --output-dir: the local folder the run is written into before "
+        "it is uploaded (default: a folder per URL under $LMCTL_CACHE_DIR/runs, else "
+        "~/.cache/lmctl/runs).",
+        panel=PANEL_TRAINING,
     )
     overwrite_output_dir: bool = option(
         False, "Allow writing into a non-empty output directory.", panel=PANEL_TRAINING
@@ -562,7 +571,7 @@ class TrainConfig(StrictModel):
             for name in value
         ]
 
-    @field_validator("resume_from_checkpoint", "prepared_cache_dir", "cache_dir")
+    @field_validator("resume_from_checkpoint", "prepared_cache_dir", "cache_dir", "staging_dir")
     @classmethod
     def _plain_local_folder(cls, value: str | None) -> str | None:
         """``file:///abs`` names the local folder ``/abs``; other URLs are refused in check."""
@@ -735,7 +744,7 @@ class TrainConfig(StrictModel):
                 "to continue a run kept in a bucket, run 'lmctl resume URL'",
             )
         )
-        for name in ("prepared_cache_dir", "cache_dir"):
+        for name in ("prepared_cache_dir", "cache_dir", "staging_dir"):
             found.append(
                 local_folder_problem(
                     flag_name(name), getattr(self, name), "give a folder on the local disk"

@@ -17,6 +17,7 @@ from lmctl.distributed import is_main_process, world_size
 from lmctl.engine.common import NonFiniteLoss, check_world_size
 from lmctl.errors import ConfigError, Interrupted, LmctlError, TrainingFailed
 from lmctl.metrics import loss_metrics
+from lmctl.mirror import mirror_for
 from lmctl.run import rundir
 from lmctl.run.plots import write_loss_plot
 from lmctl.run.resume import resume_command
@@ -26,7 +27,9 @@ from lmctl.storage import atomic
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
     from lmctl.console import Console
+    from lmctl.mirror import RunMirror
     from lmctl.objectives.base import Objective
+    from lmctl.publish import PushAfterTraining
 
 
 def check_processes(config: TrainConfig) -> None:
@@ -48,8 +51,6 @@ ENGINES: dict[str, str] = {
 
 
 def train(config: TrainConfig, objective: Objective, console: Console) -> dict[str, Any]:
-    from lmctl.pipeline import prepare
-
     engine = import_module(ENGINES[config.engine])
     engine.check(config)  # trackers and engine packages, before any work
     check_processes(config)
@@ -60,7 +61,46 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
 
         publication = PushAfterTraining(config, console)
         publication.check()  # a permission problem fails now, not after training
-    run_dir = Path(str(config.output_dir))
+    run_dir = rundir.local_run_dir(config)
+    mirror = mirror_for(config, run_dir, console) if main else None
+    if mirror is None:
+        return _train(
+            config,
+            objective,
+            console,
+            engine,
+            run_dir=run_dir,
+            publication=publication,
+            mirror=None,
+        )
+    mirror.check()  # a permission problem, or another run there, fails now
+    with mirror.uploading():
+        return _train(
+            config,
+            objective,
+            console,
+            engine,
+            run_dir=run_dir,
+            publication=publication,
+            mirror=mirror,
+        )
+
+
+def _train(
+    config: TrainConfig,
+    objective: Objective,
+    console: Console,
+    engine: Any,
+    *,
+    run_dir: Path,
+    publication: PushAfterTraining | None,
+    mirror: RunMirror | None,
+) -> dict[str, Any]:
+    from lmctl.pipeline import prepare
+
+    main = is_main_process()
+    # What the user named the run: its local folder, or the storage URL it is uploaded to.
+    shown = str(config.output_dir) if mirror is not None else str(run_dir)
     # Data, tokenizer and model first: a run that fails to start leaves no directory behind.
     prepared = prepare(config, objective, run_dir, console)
     if main:
@@ -71,7 +111,7 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
                 f"entries lmctl did not write: {', '.join(others)}"
             )
         rundir.write_config(run_dir, config)
-    console.info(f"run directory: {run_dir}")
+    console.info(f"run directory: {shown}")
     trackers_existed = (run_dir / "runs").exists()
     with graceful_stop() as stop:
         try:
@@ -102,16 +142,16 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         if result.checkpoint is not None:
             raise Interrupted(
                 f"interrupted by {stop.signal_name}; checkpoint saved at step "
-                f"{result.interrupted_at} in {run_dir}",
-                f"continue with: {resume_command(run_dir)}",
+                f"{result.interrupted_at} in {shown}",
+                f"continue with: {resume_command(shown)}",
             )
         raise Interrupted(
             f"interrupted by {stop.signal_name} at step {result.interrupted_at}; "
-            f"no checkpoint was saved in {run_dir}",
+            f"no checkpoint was saved in {shown}",
             f"start again with: {rundir.restart_command(config.objective, run_dir)}",
         )
     if not main:
-        return {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": {}}
+        return {"output_dir": shown, "global_step": result.global_step, "metrics": {}}
     if config.peft is not None and config.do_train:
         from lmctl.models import adapters
 
@@ -145,7 +185,9 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
     if main and config.do_train:
         # Last: a run killed before this line is resumed to write what it is missing.
         rundir.append_metrics(run_dir, {"event": "finished", "step": result.global_step})
-    outcome = {"output_dir": str(run_dir), "global_step": result.global_step, "metrics": results}
+    if mirror is not None:
+        mirror.finish()
+    outcome = {"output_dir": shown, "global_step": result.global_step, "metrics": results}
     if publication is not None:
         outcome["push"] = publication.push(run_dir)
     return outcome

@@ -28,7 +28,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +38,7 @@ from lmctl.console import finite, json_text
 from lmctl.errors import ConfigError
 from lmctl.storage import atomic
 from lmctl.storage.atomic import atomic_write, manifest_problem
-from lmctl.storage.paths import is_remote, local_path
+from lmctl.storage.paths import is_remote, local_path, url_scheme
 
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
@@ -63,14 +63,36 @@ def is_lmctl_run(path: Path) -> bool:
     return (path / RUN_MARKER).is_file()
 
 
+def is_remote_run(config: TrainConfig) -> bool:
+    """Whether the run directory is a storage URL (written locally, then uploaded)."""
+    return config.output_dir is not None and url_scheme(config.output_dir) is not None
+
+
+def local_run_dir(config: TrainConfig) -> Path:
+    """The folder the run is written into: --output-dir itself, or for a storage URL its
+    local copy (--staging-dir, by default a folder per URL in the cache)."""
+    assert config.output_dir is not None
+    if not is_remote_run(config):
+        return Path(config.output_dir)
+    if config.staging_dir is not None:
+        return local_path(config.staging_dir)
+    from lmctl.storage.locations import run_staging_dir
+
+    return run_staging_dir(config.output_dir)
+
+
 def check_output_dir(config: TrainConfig) -> None:
     """Refuse to write into a non-empty directory unless asked to (before any heavy work).
 
     --overwrite-output-dir only ever replaces an earlier lmctl run: a directory without the run
     marker (a project folder that merely holds a file called lmctl.yaml, say) is refused.
+    A remote run directory's local copy must be new or empty unless the run is resumed (what
+    the bucket holds is checked by :mod:`lmctl.mirror`).
     """
-    assert config.output_dir is not None
-    path = Path(config.output_dir)
+    path = local_run_dir(config)
+    if is_remote_run(config):
+        _check_staging(config, path)
+        return
     if path.exists() and not path.is_dir():
         raise ConfigError(
             f"--output-dir {path}: exists and is not a directory", "choose another --output-dir"
@@ -107,11 +129,30 @@ def check_output_dir(config: TrainConfig) -> None:
     )
 
 
+def _check_staging(config: TrainConfig, path: Path) -> None:
+    url = config.output_dir
+    if config.overwrite_output_dir:
+        raise ConfigError(
+            f"--overwrite-output-dir does not apply to a storage URL (--output-dir {url})",
+            "choose a new --output-dir prefix, or delete the old run from the store first",
+        )
+    if path.exists() and not path.is_dir():
+        raise ConfigError(
+            f"--staging-dir {path}: exists and is not a directory", "choose another --staging-dir"
+        )
+    if config.resume_from_checkpoint is None and path.is_dir() and any(path.iterdir()):
+        raise ConfigError(
+            f"--output-dir {url}: its local copy {path} holds an earlier run of that URL, "
+            "which may not be fully uploaded; nothing was touched",
+            f"continue it with 'lmctl resume {url}', or remove {path} (or give another "
+            "--staging-dir)",
+        )
+
+
 def prepare_output_dir(config: TrainConfig) -> list[str]:
     """Create the run directory and its marker; with --overwrite-output-dir, remove what an
     earlier lmctl run recorded writing there. Returns the entries that were kept."""
-    assert config.output_dir is not None
-    path = Path(config.output_dir)
+    path = local_run_dir(config)
     kept: list[str] = []
     if config.overwrite_output_dir and config.resume_from_checkpoint is None and is_lmctl_run(path):
         kept = clear_run(path)
@@ -185,6 +226,7 @@ PATH_FIELDS = (
 )
 LOCAL_PATH_FIELDS = (
     "output_dir",
+    "staging_dir",
     "cache_dir",
     "prepared_cache_dir",
     "train_file",
@@ -197,7 +239,7 @@ def absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
     out = dict(data)
     for name in (*PATH_FIELDS, *LOCAL_PATH_FIELDS):
         value = out.get(name)
-        if not isinstance(value, str) or not value or is_remote(value):
+        if not isinstance(value, str) or not value or url_scheme(value) is not None:
             continue
         path = local_path(value)
         if name in LOCAL_PATH_FIELDS or path.exists():
@@ -310,10 +352,18 @@ def atomic_dir(final: Path, owner: str | None = None) -> Iterator[Path]:
     record_written(final.parent, final.name)
 
 
+#: Called with each checkpoint this process commits, before older ones are rotated away (a
+#: remote run directory uploads it; see :mod:`lmctl.mirror`).
+checkpoint_listeners: list[Callable[[Path], None]] = []
+
+
 def commit_dir(staging: Path, final: Path) -> None:
     """:func:`lmctl.storage.atomic.commit_dir`, with a manifest when ``final`` is a checkpoint."""
     atomic.commit_dir(staging, final, _manifest_for(final))
     record_written(final.parent, final.name)
+    if CHECKPOINT_PATTERN.match(final.name):
+        for listener in checkpoint_listeners:
+            listener(final)
 
 
 def model_staging(run_dir: Path, owner: str) -> Path:
@@ -428,7 +478,7 @@ def resume_checkpoint(config: TrainConfig) -> Path | None:
     if checkpoint is None or is_remote(checkpoint):
         return None
     if checkpoint == "auto":
-        return latest_checkpoint(Path(config.output_dir or "."))
+        return latest_checkpoint(local_run_dir(config) if config.output_dir else Path("."))
     return local_path(checkpoint)
 
 

@@ -402,7 +402,7 @@ def _localize_remote(url: str, where: str) -> Path:
             files[rel] = identity
             continue
         try:
-            _download(fs, remote_path, local, sha256, where)
+            download_file(fs, remote_path, local, sha256, where)
         except Exception as exc:
             raise failure(exc, where) from exc
         files[rel] = identity
@@ -464,7 +464,7 @@ def _identity(info: dict[str, Any]) -> dict[str, Any]:
     return {"size": info.get("size"), "version": version}
 
 
-def _download(
+def download_file(
     fs: AbstractFileSystem, remote: str, local: Path, sha256: str | None, where: str
 ) -> None:
     local.parent.mkdir(parents=True, exist_ok=True)
@@ -495,13 +495,30 @@ def forget_fetched() -> None:
 def run_location_problem(flag: str, value: object) -> tuple[str, str] | None:
     """Why ``value`` cannot be a run directory (``--output-dir``), or None.
 
-    A plain path is a local run directory. A URL is never taken for a local path (``s3://b/r``
-    would otherwise become a folder named ``s3:``).
+    A plain path is a local run directory; ``file:///abs`` and any fsspec store but the Hub
+    are remote run directories (see :mod:`lmctl.mirror`). A URL is never taken for a local
+    path (``s3://b/r`` would otherwise become a folder named ``s3:``). Nothing is contacted.
     """
     if not isinstance(value, str) or url_scheme(value) is None:
         return None
-    return (
-        f"{flag} {value}: a run directory on a storage URL is not supported",
-        "give a local directory, and publish the finished model with --push-to URL or "
-        "'lmctl push RUN_DIR --to URL'",
-    )
+    try:
+        location = parse_location(value, flag, destination=False)
+        if location.is_hub:
+            raise ConfigError(
+                f"{flag} {value}: the Hugging Face Hub cannot hold a run directory (its "
+                "commits cannot publish a checkpoint atomically)",
+                "write the run to a local folder or a bucket (s3://, gs://, file://) and "
+                "publish the model with --push-to hf://NAMESPACE/REPO",
+            )
+        filesystem_class(location.protocol, f"{flag} {value}")
+    except ConfigError as exc:
+        return exc.message, exc.hint or ""
+    return None
+
+
+def run_staging_dir(url: str) -> Path:
+    """Where a remote run directory is written before it is uploaded, by default: one folder
+    per URL in the cache, so that a resume on the same machine finds it again."""
+    name = url.rstrip("/").rsplit("/", 1)[-1] or "run"
+    digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:12]
+    return cache_root() / "runs" / f"{name}-{digest}"

@@ -1,0 +1,411 @@
+"""Run directories on object storage: ``--output-dir s3://bucket/run`` (or ``gs://``,
+``file:///abs``, any fsspec store but the Hub).
+
+The run is written into a local copy first (``--staging-dir``, by default a folder per URL in
+the cache, see :func:`lmctl.storage.locations.run_staging_dir`), exactly as a local run. Each
+checkpoint, once committed there, is uploaded by a background thread while training goes on,
+with the rule of ``lmctl push`` (:class:`lmctl.publish.StoreTarget`): every file is uploaded
+under a staging prefix and verified, moved into place, and the checkpoint's
+``lmctl-manifest.json`` is written last. A checkpoint without that manifest is incomplete,
+and nothing reads it. The run's own files (config, metrics, marker) follow each checkpoint;
+at the end the final model, results, model card, ``loss.png`` and tracker logs go up the
+same way.
+
+Training waits for an upload only when the next checkpoint is ready before the previous one
+is uploaded (so that a rotation never deletes a checkpoint still being read). With
+``--save-total-limit`` the oldest complete checkpoints in the store are deleted (manifest
+first), never the newest complete one; leftovers of an interrupted upload older than it are
+deleted too. A failed upload is tried again with a doubling wait; when it keeps failing the
+run stops with exit code 6 (7 when the credentials are refused) and its local copy is kept,
+to be continued with ``lmctl resume URL``.
+
+:func:`fetch_run` brings a remote run's files and its newest complete checkpoint to a local
+copy (``lmctl resume URL`` on a machine that has none), and :func:`fetch_summaries` the few
+small files that ``lmctl runs URL`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from lmctl.errors import ConfigError, LmctlError, PermissionDenied, RemoteUnreachable
+from lmctl.publish import LocalFile, StoreTarget, human_size, select_files
+from lmctl.run import rundir
+from lmctl.storage import atomic, locations
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+    from lmctl.config.base import TrainConfig
+    from lmctl.console import Console
+
+#: Attempts of one upload before the run stops, and the first wait between two (doubling).
+ATTEMPTS_ENV = "LMCTL_UPLOAD_ATTEMPTS"
+BACKOFF_ENV = "LMCTL_UPLOAD_BACKOFF"
+DEFAULT_ATTEMPTS = 5
+DEFAULT_BACKOFF = 2.0
+#: Written while the run trains (the trackers' logs go up at the end, once closed).
+_LIVE_LEAVE_OUT = ("runs",)
+#: What ``lmctl runs URL`` reads of a run: small files only.
+_SUMMARY_FILES = (
+    rundir.CONFIG_FILE,
+    rundir.METRICS_LOG,
+    rundir.STATE_FILE,
+    "all_results.json",
+    rundir.RUN_MARKER,
+)
+
+T = TypeVar("T")
+
+
+def _attempts() -> tuple[int, float]:
+    try:
+        attempts = max(1, int(os.environ.get(ATTEMPTS_ENV, DEFAULT_ATTEMPTS)))
+        backoff = max(0.0, float(os.environ.get(BACKOFF_ENV, DEFAULT_BACKOFF)))
+    except ValueError:
+        return DEFAULT_ATTEMPTS, DEFAULT_BACKOFF
+    return attempts, backoff
+
+
+def _child(location: locations.Location, rel: str) -> locations.Location:
+    return locations.Location(f"{location.url}/{rel}", location.protocol, f"{location.path}/{rel}")
+
+
+class RunMirror:
+    """A run's local copy, uploaded to its remote run directory as it is written."""
+
+    def __init__(self, config: TrainConfig, run_dir: Path, console: Console) -> None:
+        assert config.output_dir is not None
+        self.url = config.output_dir.rstrip("/")
+        self.location = locations.parse_location(self.url, "--output-dir", destination=False)
+        self.local = run_dir
+        self.console = console
+        self.limit = config.save_total_limit
+        self.resuming = config.resume_from_checkpoint is not None
+        self.failed: LmctlError | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
+
+    # Before the run ---------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Write access, and no other run at the URL unless this one continues it."""
+        StoreTarget(self.location, self.console, verbose=False).check_access()
+        self.console.info(f"{self.url}: write access checked")
+        if self.resuming:
+            return
+        try:
+            fs, root = locations.open_location(self.location)
+            found = self._names(fs, root)
+        except Exception as exc:
+            raise locations.failure(exc, self.url) from exc
+        if found & {rundir.CONFIG_FILE, locations.MANIFEST} or any(
+            rundir.CHECKPOINT_PATTERN.match(name) for name in found
+        ):
+            raise ConfigError(
+                f"--output-dir {self.url} already holds a run; nothing was touched",
+                f"continue it with 'lmctl resume {self.url}', or choose a new --output-dir",
+            )
+
+    @staticmethod
+    def _names(fs: AbstractFileSystem, root: str) -> set[str]:
+        fs.invalidate_cache(root)
+        try:
+            return {name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)}
+        except FileNotFoundError:
+            return set()
+
+    # While it runs ----------------------------------------------------------------------
+
+    @contextmanager
+    def uploading(self) -> Iterator[RunMirror]:
+        """Upload each checkpoint committed inside the block; on the way out (an interrupted
+        or failed run too) wait for the upload under way and send the run's files."""
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="lmctl-upload")
+        rundir.checkpoint_listeners.append(self.checkpoint_saved)
+        self.console.info(
+            f"run directory {self.url}: written to {self.local} first; each checkpoint is "
+            "uploaded when complete (--staging-dir chooses the local folder)"
+        )
+        try:
+            yield self
+        except BaseException:
+            if self.failed is None:
+                self._flush_quietly()
+            raise
+        finally:
+            rundir.checkpoint_listeners.remove(self.checkpoint_saved)
+            self._executor.shutdown(wait=True)
+
+    def checkpoint_saved(self, checkpoint: Path) -> None:
+        """Called in the training thread: wait for the previous upload (a rotation may delete
+        that checkpoint next), then upload this one beside training."""
+        waited = self._wait()
+        if waited > 0.05:
+            self.console.info(f"waited {waited:.1f} s for the previous checkpoint's upload")
+        snapshot = self._snapshot()
+        assert self._executor is not None
+        self._pending = self._executor.submit(self._upload_checkpoint, checkpoint, snapshot)
+
+    def finish(self) -> None:
+        """The run wrote everything: its files go up after the last checkpoint."""
+        self._wait()
+        files = self._run_files(final=True)
+        result = self._retrying("the run's files", lambda: self._publish("", files))
+        self.console.info(
+            f"uploaded the run to {self.url} ({len(files)} files, "
+            f"{human_size(sum(f.size for f in files))}, {len(result['uploaded'])} new); "
+            f"the local copy stays in {self.local}"
+        )
+
+    def _wait(self) -> float:
+        if self._pending is None:
+            return 0.0
+        pending, self._pending = self._pending, None
+        started = time.monotonic()
+        pending.result()  # an upload that kept failing stops the run here
+        return time.monotonic() - started
+
+    def _flush_quietly(self) -> None:
+        """After an interruption or a failure: what was saved still goes up if it can."""
+        try:
+            self._wait()
+            files = self._run_files(final=False)
+            self._retrying("the run's files", lambda: self._publish("", files))
+        except LmctlError as exc:
+            self.console.warn(f"{exc.message}; the local copy stays in {self.local}")
+
+    def _snapshot(self) -> Path:
+        """A copy of the run's own files as they are now (the metrics log keeps growing)."""
+        folder = Path(tempfile.mkdtemp(prefix=f".{self.local.name}-upload-", dir=self.local.parent))
+        for item in self._run_files(final=False):
+            target = folder / item.rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(item.path, target)
+        return folder
+
+    def _run_files(self, *, final: bool, root: Path | None = None) -> list[LocalFile]:
+        selection = select_files(
+            root or self.local,
+            include_checkpoints=False,
+            include_optimizer=False,
+            require_model=final,
+            leave_out=() if final else _LIVE_LEAVE_OUT,
+        )
+        for rel, key in selection.withheld.items():
+            self.console.warn(f"not uploading {rel}: it holds a secret ({key})")
+        return selection.files
+
+    def _upload_checkpoint(self, checkpoint: Path, snapshot: Path) -> None:
+        try:
+            started = time.monotonic()
+            selection = select_files(
+                checkpoint, include_checkpoints=False, include_optimizer=True, require_model=False
+            )
+            files = selection.files
+            self._retrying(checkpoint.name, lambda: self._publish(checkpoint.name, files))
+            self._retrying(f"{checkpoint.name} rotation", self._rotate_remote)
+            run_files = self._run_files(final=False, root=snapshot)
+            self._retrying("the run's files", lambda: self._publish("", run_files))
+            size = human_size(sum(f.size for f in files))
+            seconds = time.monotonic() - started
+            self.console.info(
+                f"uploaded {checkpoint.name} to {self.url} ({size} in {seconds:.1f} s)"
+            )
+        except LmctlError as exc:
+            self.failed = exc
+            raise
+        finally:
+            shutil.rmtree(snapshot, ignore_errors=True)
+
+    def _publish(self, rel: str, files: list[LocalFile]) -> dict[str, Any]:
+        location = _child(self.location, rel) if rel else self.location
+        target = StoreTarget(location, self.console, verbose=False, access_checked=True)
+        return target.publish(files)
+
+    def _retrying(self, what: str, action: Callable[[], T]) -> T:
+        attempts, wait = _attempts()
+        for attempt in range(1, attempts + 1):
+            try:
+                return action()
+            except PermissionDenied as exc:
+                raise PermissionDenied(
+                    f"uploading {what} to {self.url} failed: {exc.message}; the run stopped "
+                    f"and its local copy is kept in {self.local}",
+                    f"{exc.hint}; then continue with: lmctl resume {self.url}",
+                ) from exc
+            except Exception as exc:
+                detail = exc.message if isinstance(exc, LmctlError) else f"{exc}"
+                if attempt == attempts:
+                    raise RemoteUnreachable(
+                        f"uploading {what} to {self.url} failed {attempts} times ({detail}); the "
+                        f"run stopped and its local copy is kept in {self.local}",
+                        f"check the store and the network, then continue with: lmctl resume "
+                        f"{self.url}",
+                    ) from exc
+                self.console.warn(
+                    f"uploading {what} to {self.url} failed ({detail}); trying again in "
+                    f"{wait:g} s ({attempt} of {attempts})"
+                )
+                time.sleep(wait)
+                wait *= 2
+        raise AssertionError("unreachable")
+
+    def _rotate_remote(self) -> None:
+        """Keep the newest ``--save-total-limit`` complete checkpoints in the store; delete
+        leftovers of interrupted uploads older than the newest complete one."""
+        fs, root = locations.open_location(self.location)
+        steps = {
+            int(match.group(1)): f"{root}/{name}"
+            for name in self._names(fs, root)
+            if (match := rundir.CHECKPOINT_PATTERN.match(name))
+        }
+        complete = sorted(s for s, path in steps.items() if _is_complete(fs, path))
+        if not complete:
+            return
+        keep = set(complete[-self.limit :]) if self.limit else set(complete)
+        for step, path in sorted(steps.items()):
+            if step in keep or step > complete[-1]:
+                continue
+            with suppress(FileNotFoundError):
+                fs.rm_file(f"{path}/{locations.MANIFEST}")  # first: no longer complete
+            with suppress(FileNotFoundError):
+                fs.rm(path, recursive=True)
+            self.console.info(f"deleted {path.rsplit('/', 1)[-1]} from {self.url}")
+
+
+def mirror_for(config: TrainConfig, run_dir: Path, console: Console) -> RunMirror | None:
+    """The mirror of a run whose --output-dir is a storage URL (None for a local one)."""
+    return RunMirror(config, run_dir, console) if rundir.is_remote_run(config) else None
+
+
+# Reading a remote run -------------------------------------------------------------------
+
+
+def _is_complete(fs: AbstractFileSystem, path: str) -> bool:
+    fs.invalidate_cache(path)
+    return bool(fs.exists(f"{path}/{locations.MANIFEST}"))
+
+
+def _manifest(fs: AbstractFileSystem, path: str) -> dict[str, Any] | None:
+    try:
+        with fs.open(f"{path}/{locations.MANIFEST}", "rb") as handle:
+            data = json.loads(handle.read())
+    except FileNotFoundError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _fetch_listed(
+    fs: AbstractFileSystem, root: str, manifest: dict[str, Any], target: Path, where: str
+) -> None:
+    for item in manifest.get("files", []):
+        locations.download_file(
+            fs, f"{root}/{item['path']}", target / item["path"], item.get("sha256"), where
+        )
+
+
+def fetch_run(url: str, local: Path, console: Console) -> Path:
+    """The local copy of the remote run at ``url`` in ``local``, with its newest complete
+    checkpoint (each file checked against the checkpoint's manifest). A local copy that this
+    machine already has is kept (it is at least as new as the store); only a checkpoint it
+    lacks is downloaded."""
+    location = locations.parse_location(url, "RUN_DIR", destination=False)
+    try:
+        fs, root = locations.open_location(location)
+        return _fetch_run(fs, root, url.rstrip("/"), local, console)
+    except LmctlError:
+        raise
+    except Exception as exc:
+        raise locations.failure(exc, url) from exc
+
+
+def _fetch_run(fs: AbstractFileSystem, root: str, url: str, local: Path, console: Console) -> Path:
+    names = RunMirror._names(fs, root)
+    manifest = _manifest(fs, root)
+    if manifest is None or rundir.CONFIG_FILE not in names:
+        raise ConfigError(
+            f"{url} is not a run directory that lmctl uploaded (no {rundir.CONFIG_FILE} and "
+            f"{locations.MANIFEST})",
+            "give the --output-dir of an 'lmctl train' run",
+        )
+    if not (local / rundir.CONFIG_FILE).is_file():
+        console.info(f"fetching the run {url} into {local}")
+        local.mkdir(parents=True, exist_ok=True)
+        _fetch_listed(fs, root, manifest, local, url)
+    steps = sorted(
+        int(match.group(1))
+        for name in names
+        if (match := rundir.CHECKPOINT_PATTERN.match(name)) and _is_complete(fs, f"{root}/{name}")
+    )
+    if not steps:
+        return local
+    name = f"checkpoint-{steps[-1]}"
+    have = rundir.latest_checkpoint(local)
+    if have is not None and rundir.checkpoint_step(have) >= steps[-1]:
+        return local
+    listed = _manifest(fs, f"{root}/{name}") or {}
+    started = time.monotonic()
+    with atomic.atomic_dir(local / name, owner="fetch") as staging:
+        _fetch_listed(fs, f"{root}/{name}", listed, staging, url)
+    rundir.record_written(local, name)
+    console.info(f"fetched {name} from {url} in {time.monotonic() - started:.1f} s")
+    return local
+
+
+def find_remote_runs(url: str) -> list[str]:
+    """The runs at ``url``: the run itself, or the runs one level below it."""
+    location = locations.parse_location(url, "DIR", destination=False)
+    try:
+        fs, root = locations.open_location(location)
+        names = RunMirror._names(fs, root)
+        if rundir.CONFIG_FILE in names:
+            return [url.rstrip("/")]
+        return sorted(
+            f"{url.rstrip('/')}/{name}"
+            for name in names
+            if not name.startswith(".") and fs.exists(f"{root}/{name}/{rundir.CONFIG_FILE}")
+        )
+    except LmctlError:
+        raise
+    except Exception as exc:
+        raise locations.failure(exc, url) from exc
+
+
+def fetch_summary(url: str, target: Path) -> Path:
+    """The files of the remote run at ``url`` that a summary reads, into ``target``: the
+    run's small files and each complete checkpoint's trainer state."""
+    location = locations.parse_location(url, "DIR", destination=False)
+    try:
+        fs, root = locations.open_location(location)
+        names = RunMirror._names(fs, root)
+        for name in _SUMMARY_FILES:
+            if name in names:
+                _fetch_dated(fs, f"{root}/{name}", target / name)
+        for name in names:
+            path = f"{root}/{name}"
+            if rundir.CHECKPOINT_PATTERN.match(name) and _is_complete(fs, path):
+                _fetch_dated(fs, f"{path}/{rundir.STATE_FILE}", target / name / rundir.STATE_FILE)
+    except LmctlError:
+        raise
+    except Exception as exc:
+        raise locations.failure(exc, url) from exc
+    return target
+
+
+def _fetch_dated(fs: AbstractFileSystem, remote: str, local: Path) -> None:
+    """One file, with the store's modification time (a run's age is read from it)."""
+    local.parent.mkdir(parents=True, exist_ok=True)
+    fs.get_file(remote, str(local))
+    with suppress(Exception):
+        modified = fs.modified(remote)
+        os.utime(local, (modified.timestamp(), modified.timestamp()))
