@@ -101,6 +101,12 @@ def test_eval_of_a_missing_remote_model(s3_store: S3Store, tmp_path: Path) -> No
     assert_clean_failure(proc, 2, "s3://models/eval/nothing-here", "not found")
 
 
-def test_resume_of_a_remote_run_is_refused(tmp_path: Path) -> None:
-    proc = lmctl("resume", "s3://models/eval/tiny")
-    assert_clean_failure(proc, 2, "s3://models/eval/tiny", "local")
+def test_resume_of_a_remote_folder_without_a_run_is_refused(
+    s3_store: S3Store, tmp_path: Path
+) -> None:
+    """A remote run directory is resumed from the store (tests/test_remote_run.py); a
+    folder there that holds no run lmctl uploaded is refused before any work."""
+    env = {**s3_store.env(), "LMCTL_CACHE_DIR": str(tmp_path / "cache")}
+    proc = lmctl("resume", "s3://models/eval/nothing-here", env=env)
+    assert_clean_failure(proc, 2, "s3://models/eval/nothing-here", "not a run directory")
+    assert not (tmp_path / "cache").exists()

@@ -153,3 +153,66 @@ def test_unsupported_output_url_is_refused(
     proc = lmctl(*tiny_clm_args(bpe_tokenizer, text_files, "-o", url, steps=1), cwd=tmp_path)
     assert_clean_failure(proc, 2, f"--output-dir {url}", needle)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_killed_during_an_upload_then_resumed_from_the_bucket(
+    s3_store: S3Store, tmp_path: Path, bpe_tokenizer: Path, text_files: tuple[Path, Path]
+) -> None:
+    """SIGKILL while checkpoint-4 is being uploaded, the local copy deleted (a fresh machine):
+    ``lmctl resume URL`` fetches checkpoint-2, the newest complete one, and ends with the
+    weights of a run that was never interrupted. ``lmctl runs`` and ``lmctl eval`` read the
+    run in the bucket."""
+    import shutil
+    import signal
+
+    from safetensors.torch import load, load_file
+
+    store = Store("s3", tmp_path, s3_store)
+    extra = ("--max-steps", "6", "--save-steps", "2", "--no-eval")
+
+    def args(out: str | Path) -> list[str | Path]:
+        return tiny_clm_args(bpe_tokenizer, (text_files[0], None), "-o", out, *extra, steps=None)
+
+    reference = tmp_path / "reference"
+    proc = lmctl(*args(reference), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+    # Checkpoint-2 and the run's files take 30 writes (23 + 7); the 40th is in checkpoint-4.
+    killed = {**store.env(tmp_path), "LMCTL_TEST_PUSH_KILL_AFTER": "40"}
+    proc = lmctl(*args(store.url), cwd=tmp_path, env=killed)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    objects = store.objects()
+    assert f"checkpoint-2/{MANIFEST}" in objects
+    assert f"checkpoint-4/{MANIFEST}" not in objects
+    assert any(
+        key.startswith("../.checkpoint-4.lmctl-staging/") or "staging" in key for key in objects
+    )
+
+    listed = lmctl("runs", store.url.rsplit("/", 1)[0], "--json", env=store.env(tmp_path))
+    assert listed.returncode == 0, listed.stderr
+    (run,) = json.loads(listed.stdout)["runs"]
+    assert run["status"] == "interrupted at step 2", run
+    assert run["resume_command"] == f"lmctl resume {store.url}"
+
+    shutil.rmtree(tmp_path / "cache")  # nothing left on this machine
+    proc = lmctl("resume", store.url, cwd=tmp_path, env=store.env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "fetched checkpoint-2" in proc.stderr
+
+    objects = store.objects()
+    assert not [key for key in objects if "lmctl-staging" in key], sorted(objects)
+    for name in ("checkpoint-2", "checkpoint-4", "checkpoint-6"):
+        _complete(objects, name)
+    final = load(_complete(objects, "")["model.safetensors"])
+    expected = load_file(str(reference / "model.safetensors"))
+    assert final.keys() == expected.keys()
+    assert max(float((final[k] - expected[k]).abs().max()) for k in final) < 1e-5
+
+    listed = lmctl("runs", store.url, "--json", env=store.env(tmp_path))
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["runs"][0]["status"] == "finished"
+    evaluated = lmctl(
+        "eval", store.url, "--validation-file", text_files[1], "--json", env=store.env(tmp_path)
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads(evaluated.stdout)["metrics"]["eval_loss"] > 0

@@ -78,8 +78,8 @@ def test_file_url_names_the_local_folder(
 
 
 def test_runs_refuses_an_unsupported_url(tmp_path: Path) -> None:
-    proc = lmctl("runs", "oss://models/runs", cwd=tmp_path)
-    assert_clean_failure(proc, 2, "oss:// is not supported")
+    proc = lmctl("runs", "hf://user/runs", cwd=tmp_path)
+    assert_clean_failure(proc, 2, "DIR hf://user/runs", "Hub cannot hold a run directory")
     _no_url_folder(tmp_path)
 
 

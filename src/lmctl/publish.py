@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from lmctl.console import Console
 
 DEFAULT_MESSAGE = "Upload model trained with lmctl"
-#: Test hook: SIGKILL this process after N objects were written (simulates a crash midway).
+#: Test hook: SIGKILL this process after it wrote N objects (simulates a crash midway).
 KILL_AFTER_ENV = "LMCTL_TEST_PUSH_KILL_AFTER"
 _RESUMED_NOTE = "resumed from a checkpoint"
 _CARD_COMMAND = re.compile(r"^## Training\n\n```\n(.+?)\n```", re.MULTILINE | re.DOTALL)
@@ -428,7 +428,6 @@ class StoreTarget:
         self.console = console
         #: False: no line per file and none at the end (the caller reports the upload).
         self.verbose = verbose
-        self._writes = 0
         #: True: the caller checked write access to this store already.
         self._checked = access_checked
 
@@ -581,10 +580,14 @@ class StoreTarget:
         self._written()
 
     def _written(self) -> None:
-        self._writes += 1
+        _WRITES[0] += 1  # counted over the process (a remote run publishes many times)
         limit = os.environ.get(KILL_AFTER_ENV)
-        if limit and self._writes >= int(limit):
+        if limit and _WRITES[0] >= int(limit):
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+#: Objects this process wrote to stores (for the test hook ``LMCTL_TEST_PUSH_KILL_AFTER``).
+_WRITES = [0]
 
 
 def _read_manifest(fs: AbstractFileSystem, path: str) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ from lmctl.cli.runner import run_command
 from lmctl.config.base import TrainConfig
 from lmctl.console import Console, OutputOptions
 from lmctl.objectives import OBJECTIVES, get_objective
-from lmctl.run.resume import RESUME_OVERRIDES, local_run_dir
+from lmctl.run.resume import RESUME_OVERRIDES
 
 HELP = """Continue an interrupted or finished run from its newest complete checkpoint.
 
@@ -35,6 +35,11 @@ Continue an interrupted run:
 
     lmctl resume runs/clm-20250101-120000
 
+Continue a run kept in a bucket (--output-dir s3://...), on any machine: its newest complete
+checkpoint is fetched when this machine has no copy of the run:
+
+    lmctl resume s3://my-bucket/runs/clm-1
+
 Extend a finished run to 2000 steps, saving every 200:
 
     lmctl resume runs/clm-20250101-120000 --max-steps 2000 --save-steps 200
@@ -43,7 +48,7 @@ Extend a finished run to 2000 steps, saving every 200:
 RunDirArg = Annotated[
     str,
     typer.Argument(
-        help="Run directory written by 'lmctl train' (its --output-dir).",
+        help="Run directory written by 'lmctl train' (its --output-dir: a folder or a URL).",
         metavar="RUN_DIR",
         show_default=False,
     ),
@@ -95,14 +100,29 @@ def _command(run_dir: str, **values: Any) -> None:
         if name in RESUME_OVERRIDES
     }
     run_command(
-        lambda console: run_resume(local_run_dir(run_dir), overrides, forbidden, dry_run, console),
+        lambda console: run_resume(run_dir, overrides, forbidden, dry_run, console),
         output,
         "resume",
     )
 
 
+def local_copy(path: str, console: Console) -> tuple[Path, str | None]:
+    """The local run directory to resume, and the storage URL of a remote one (whose newest
+    complete checkpoint is fetched first when this machine has no copy of it)."""
+    from lmctl.run.resume import remote_location
+    from lmctl.storage.paths import local_path
+
+    location = remote_location(path)
+    if location is None:
+        return local_path(path), None
+    from lmctl.mirror import fetch_run
+    from lmctl.storage.locations import run_staging_dir
+
+    return fetch_run(location, run_staging_dir(location), console), location
+
+
 def run_resume(
-    run_dir: Path,
+    path: str,
     overrides: dict[str, Any],
     forbidden: list[str],
     dry_run: bool,
@@ -113,8 +133,9 @@ def run_resume(
     from lmctl.run.launch import relaunch
     from lmctl.run.resume import plan_resume, refuse_fixed_options
 
-    refuse_fixed_options(forbidden, str(run_dir))
-    plan = plan_resume(run_dir, overrides, console)
+    refuse_fixed_options(forbidden, path)
+    run_dir, location = local_copy(path, console)
+    plan = plan_resume(run_dir, overrides, console, location)
     if dry_run:
         described = plan.describe()
         if not console.options.json:
@@ -123,7 +144,7 @@ def run_resume(
             console.write(yaml.safe_dump(described, sort_keys=False))
         return {"dry_run": True, **described}
     relaunch(plan.config, console)
-    console.info(f"resuming {run_dir} from {plan.checkpoint.name} (step {plan.step})")
+    console.info(f"resuming {location or run_dir} from {plan.checkpoint.name} (step {plan.step})")
     if is_main_process():
         rundir.append_metrics(
             run_dir, {"event": "resume", "step": plan.step, "checkpoint": plan.checkpoint.name}

@@ -22,12 +22,13 @@ Perplexity is shown for language-modelling objectives, accuracy for swag.
 
     lmctl runs
     lmctl runs /data/experiments --json
+    lmctl runs s3://my-bucket/runs
 """
 
 DirArg = Annotated[
     str,
     typer.Argument(
-        help="Folder holding run directories (or one run directory).",
+        help="Folder holding run directories (or one run directory), or a storage URL.",
         metavar="DIR",
         show_default="runs",
     ),
@@ -64,17 +65,12 @@ def _row(summary: Any) -> list[str]:
 
 def run_runs(folder: str, console: Console) -> dict[str, Any]:
     from lmctl.run.summary import find_runs, summarize
-    from lmctl.storage.paths import local_folder_problem, local_path
+    from lmctl.storage.paths import local_folder_problem
 
-    problem = local_folder_problem(
-        "DIR", folder, "copy the runs to a local folder and list that folder"
-    )
-    if problem is not None:
-        raise ConfigError(*problem)
-    root = local_path(folder)
-    if not root.exists():
-        raise ConfigError(f"{folder}: no such directory", "give the folder that holds your runs")
-    summaries = [summarize(path) for path in find_runs(root)]
+    if local_folder_problem("DIR", folder, "") is not None:
+        summaries = _remote_summaries(folder)
+    else:
+        summaries = [summarize(path) for path in find_runs(_local_root(folder))]
     if not console.options.json:
         if not summaries:
             console.write(f"no runs in {folder}\n")
@@ -91,6 +87,39 @@ def run_runs(folder: str, console: Console) -> dict[str, Any]:
                 lines += [f"  {s.resume_command}" for s in waiting]
             console.write("\n".join(line.rstrip() for line in lines) + "\n")
     return {"runs": [s.to_json() for s in summaries]}
+
+
+def _local_root(folder: str) -> Path:
+    from lmctl.storage.paths import local_path
+
+    root = local_path(folder)
+    if not root.exists():
+        raise ConfigError(f"{folder}: no such directory", "give the folder that holds your runs")
+    return root
+
+
+def _remote_summaries(url: str) -> list[Any]:
+    """The runs of a remote folder (or one remote run directory), read in place: only the
+    few small files a summary needs are fetched."""
+    import tempfile
+
+    from lmctl.mirror import fetch_summary, find_remote_runs
+    from lmctl.run.resume import resume_command
+    from lmctl.run.summary import summarize
+    from lmctl.storage.locations import run_location_problem
+
+    problem = run_location_problem("DIR", url)
+    if problem is not None:
+        raise ConfigError(*problem)
+    summaries = []
+    with tempfile.TemporaryDirectory(prefix="lmctl-runs-") as tmp:
+        for index, run in enumerate(find_remote_runs(url)):
+            summary = summarize(fetch_summary(run, Path(tmp) / str(index)))
+            summary.path = run
+            if summary.resume_command is not None:
+                summary.resume_command = resume_command(run)
+            summaries.append(summary)
+    return summaries
 
 
 def _command(folder: str = "runs", *, json_output: bool = False) -> None:

@@ -18,7 +18,7 @@ from lmctl.errors import ConfigError
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import rundir
 from lmctl.storage import atomic
-from lmctl.storage.paths import is_remote, local_path
+from lmctl.storage.paths import is_remote, local_path, url_scheme
 
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
@@ -146,19 +146,29 @@ def find_checkpoint(run_dir: Path, console: Console) -> Path:
     return checkpoint
 
 
-def local_run_dir(path: str) -> Path:
-    """The run directory to resume: a local path or ``file://`` URL, never a remote store."""
-    if is_remote(path):
-        raise ConfigError(
-            f"{path}: a run is resumed in a local directory (it writes new checkpoints and the "
-            "final model there)",
-            "copy the run with its checkpoint-* folders to local disk and resume that copy",
-        )
-    return local_path(path)
+def remote_location(path: str) -> str | None:
+    """The storage URL of a remote run directory given to resume, or None for a local one.
+
+    A ``file://`` URL names a remote run directory when lmctl uploaded it (its
+    ``lmctl-manifest.json`` is there), else the local run directory at that path.
+    """
+    from lmctl.storage.locations import MANIFEST, run_location_problem
+
+    if url_scheme(path) is None:
+        return None
+    problem = run_location_problem("RUN_DIR", path)
+    if problem is not None:
+        raise ConfigError(*problem)
+    if not is_remote(path) and not (local_path(path) / MANIFEST).is_file():
+        return None
+    return path.rstrip("/")
 
 
-def plan_resume(run_dir: Path, overrides: dict[str, Any], console: Console) -> ResumePlan:
-    """Validate everything about a resume before any heavy work."""
+def plan_resume(
+    run_dir: Path, overrides: dict[str, Any], console: Console, location: str | None = None
+) -> ResumePlan:
+    """Validate everything about a resume before any heavy work. ``location``: the storage
+    URL of a remote run directory whose local copy is ``run_dir``."""
     from lmctl.config.loader import build_config
 
     check_run_dir(run_dir)
@@ -176,7 +186,8 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any], console: Console) -> R
         objective.config_class,
         cli_values={
             **overrides,
-            "output_dir": str(run_dir),
+            "output_dir": location or str(run_dir),
+            **({"staging_dir": str(run_dir)} if location else {}),
             "resume_from_checkpoint": str(checkpoint),
         },
         config_file=str(config_file),
