@@ -216,3 +216,53 @@ def test_killed_during_an_upload_then_resumed_from_the_bucket(
     )
     assert evaluated.returncode == 0, evaluated.stderr
     assert json.loads(evaluated.stdout)["metrics"]["eval_loss"] > 0
+
+
+@pytest.mark.slow
+def test_killed_during_training_then_resumed_from_a_file_url(
+    tmp_path: Path, bpe_tokenizer: Path, text_files: tuple[Path, Path]
+) -> None:
+    """SIGKILL between checkpoints, the local copy (--staging-dir) deleted: resumed into
+    another local copy from the ``file://`` run directory, exactly."""
+    import shutil
+    import signal
+
+    from tests.test_resume import _max_weight_diff, _run_until
+
+    store = Store("file", tmp_path, None)
+    extra = ("--max-steps", "8", "--save-steps", "3", "--no-eval", "--logging-steps", "1")
+
+    reference = tmp_path / "reference"
+    proc = lmctl(*tiny_clm_args(bpe_tokenizer, (text_files[0], None), "-o", reference, *extra,
+                                steps=None), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+    staging = tmp_path / "staging"
+    killed_args = [
+        str(arg)
+        for arg in tiny_clm_args(bpe_tokenizer, (text_files[0], None), "-o", store.url, *extra,
+                                 "--staging-dir", staging, steps=None)
+    ]  # fmt: skip
+    killed = _run_until(killed_args, staging, 7, signal.SIGKILL)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    # checkpoint-6's upload may still have been under way: the newest complete one is used.
+    complete = [n for n in (3, 6) if (store.root / f"checkpoint-{n}" / MANIFEST).is_file()]
+    assert complete, sorted(p.name for p in store.root.iterdir())
+    shutil.rmtree(staging)
+
+    other = tmp_path / "other-staging"
+    proc = lmctl("resume", store.url, "--staging-dir", other, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"fetched checkpoint-{complete[-1]}" in proc.stderr
+    assert _max_weight_diff(reference, store.root) < 1e-5
+    assert _max_weight_diff(reference, other) < 1e-5
+
+
+def test_a_remote_run_directory_of_several_machines_is_refused(
+    tmp_path: Path, bpe_tokenizer: Path, text_files: tuple[Path, Path]
+) -> None:
+    url = f"file://{tmp_path}/store/run"
+    more = ("--nproc", "1", "--nnodes", "2", "--master-addr", "127.0.0.1")
+    proc = lmctl(*tiny_clm_args(bpe_tokenizer, text_files, "-o", url, *more, steps=1))
+    assert_clean_failure(proc, 2, f"--output-dir {url}", "--nnodes 2 is not supported yet")
+    assert not (tmp_path / "store").exists()

@@ -91,6 +91,10 @@ class RunMirror:
         self.console = console
         self.limit = config.save_total_limit
         self.resuming = config.resume_from_checkpoint is not None
+        #: The command that continues the run from this machine's copy.
+        self.resume = f"lmctl resume {self.url}" + (
+            f" --staging-dir {run_dir}" if config.staging_dir is not None else ""
+        )
         self.failed: LmctlError | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
@@ -241,7 +245,7 @@ class RunMirror:
                 raise PermissionDenied(
                     f"uploading {what} to {self.url} failed: {exc.message}; the run stopped "
                     f"and its local copy is kept in {self.local}",
-                    f"{exc.hint}; then continue with: lmctl resume {self.url}",
+                    f"{exc.hint}; then continue with: {self.resume}",
                 ) from exc
             except Exception as exc:
                 detail = exc.message if isinstance(exc, LmctlError) else f"{exc}"
@@ -249,8 +253,7 @@ class RunMirror:
                     raise RemoteUnreachable(
                         f"uploading {what} to {self.url} failed {attempts} times ({detail}); the "
                         f"run stopped and its local copy is kept in {self.local}",
-                        f"check the store and the network, then continue with: lmctl resume "
-                        f"{self.url}",
+                        f"check the store and the network, then continue with: {self.resume}",
                     ) from exc
                 self.console.warn(
                     f"uploading {what} to {self.url} failed ({detail}); trying again in "

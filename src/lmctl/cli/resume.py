@@ -106,7 +106,7 @@ def _command(run_dir: str, **values: Any) -> None:
     )
 
 
-def local_copy(path: str, console: Console) -> tuple[Path, str | None]:
+def local_copy(path: str, console: Console, staging: str | None) -> tuple[Path, str | None]:
     """The local run directory to resume, and the storage URL of a remote one (whose newest
     complete checkpoint is fetched first when this machine has no copy of it)."""
     from lmctl.run.resume import remote_location
@@ -118,7 +118,8 @@ def local_copy(path: str, console: Console) -> tuple[Path, str | None]:
     from lmctl.mirror import fetch_run
     from lmctl.storage.locations import run_staging_dir
 
-    return fetch_run(location, run_staging_dir(location), console), location
+    local = local_path(staging) if staging is not None else run_staging_dir(location)
+    return fetch_run(location, local, console), location
 
 
 def run_resume(
@@ -134,7 +135,7 @@ def run_resume(
     from lmctl.run.resume import plan_resume, refuse_fixed_options
 
     refuse_fixed_options(forbidden, path)
-    run_dir, location = local_copy(path, console)
+    run_dir, location = local_copy(path, console, overrides.get("staging_dir"))
     plan = plan_resume(run_dir, overrides, console, location)
     if dry_run:
         described = plan.describe()

@@ -48,6 +48,8 @@ RESUME_OVERRIDES = (
     "master_addr",
     "master_port",
     "launcher",
+    # Where a remote run directory's local copy is (it holds what was not uploaded yet).
+    "staging_dir",
 )
 
 
