@@ -266,3 +266,16 @@ def test_a_remote_run_directory_of_several_machines_is_refused(
     proc = lmctl(*tiny_clm_args(bpe_tokenizer, text_files, "-o", url, *more, steps=1))
     assert_clean_failure(proc, 2, f"--output-dir {url}", "--nnodes 2 is not supported yet")
     assert not (tmp_path / "store").exists()
+
+
+def test_a_run_that_only_evaluates_uploads_its_results(
+    tmp_path: Path, tiny_clm_run: Path, text_files: tuple[Path, Path]
+) -> None:
+    """No model of its own: its config and results still go up, with their manifest."""
+    store = Store("file", tmp_path, None)
+    args = ["train", "clm", "--model", tiny_clm_run, "--validation-file", text_files[1]]
+    args += ["--no-train", "--block-size", "64", "-o", store.url]
+    proc = lmctl(*args, env=store.env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    files = _complete(store.objects(), "")
+    assert "eval_results.json" in files and "lmctl.yaml" in files

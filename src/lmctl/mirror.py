@@ -202,7 +202,7 @@ class RunMirror:
             root or self.local,
             include_checkpoints=False,
             include_optimizer=False,
-            require_model=final,
+            require_model=False,  # a run that only evaluates has no model of its own
             leave_out=() if final else _LIVE_LEAVE_OUT,
         )
         for rel, key in selection.withheld.items():
