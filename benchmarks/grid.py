@@ -7,7 +7,7 @@ target. For each side, *time to quality* is the training time (evaluations left 
 its eval loss first comes within ``TOLERANCE`` of that target, read off its loss curve between
 two evaluations (linear in between); the same band for both sides, since two runs of one
 recipe on other batches differ by about that much at these step counts. A side that has not
-reached it by the last step is extrapolated along its last segment and marked so. Beside
+reached it by the last step is extrapolated along the last third of its curve and marked so. Beside
 it, the *per-step* ratio compares the training time of all steps, and the quality column the
 two final eval losses at equal steps.
 
@@ -133,7 +133,8 @@ def time_to(curve: list[list[float]], target: float) -> tuple[float, bool]:
             _, before, above = previous
             return before + (seconds - before) * (above - target) / (above - loss), False
         previous = (step, seconds, loss)
-    (_, t0, l0), (_, t1, l1) = curve[-2], curve[-1]
+    # Along the last third of the curve (one segment alone is mostly noise).
+    (_, t0, l0), (_, t1, l1) = curve[-max(2, len(curve) // 3)], curve[-1]
     if l1 >= l0:
         return math.inf, True
     return t1 + (t1 - t0) * (l1 - target) / (l0 - l1), True
@@ -343,22 +344,34 @@ def run_cell(work: Any, grid: GridWork, cell: Cell) -> Outcome:
 
 
 def run_grid(
-    work: Any, only: str | None = None, quick: bool = False
+    work: Any, only: str | None = None, quick: bool = False, keep: Path | None = None
 ) -> tuple[list[Outcome], float]:
     """Every cell (those whose name contains ``only``), then the repeated ones; ``quick``: four
-    steps a cell (a smoke run of the harness)."""
+    steps a cell (a smoke run of the harness). ``keep``: a JSON-lines file each measured cell
+    is appended to, and read back from, so a stopped run continues where it stopped."""
     started = time.perf_counter()
     grid = GridWork(work)
     chosen = [dataclasses.replace(c, steps=4) if quick else c for c in cells()]
     order = list(range(len(chosen))) + list(REPEATED)
     if only:
         order = [i for i in order if only in chosen[i].name]
-    outcomes = []
+    outcomes: list[Outcome] = []
+    kept = []
+    if keep is not None and keep.exists():
+        kept = [json.loads(line) for line in keep.read_text().splitlines() if line]
     for number, index in enumerate(order):
         cell = chosen[index]
+        if number < len(kept) and kept[number]["cell"] == dataclasses.asdict(cell):
+            outcomes.append(Outcome(cell, kept[number]["upstream"], kept[number]["lmctl"]))
+            continue
         print(f"[{time.perf_counter() - started:6.0f} s] grid {number + 1}/{len(order)}: "
               f"{cell.name}", file=sys.stderr)  # fmt: skip
         outcome = run_cell(work, grid, cell)
+        if keep is not None:
+            with keep.open("a", encoding="utf-8") as handle:
+                record = {"cell": dataclasses.asdict(cell), "upstream": outcome.upstream,
+                          "lmctl": outcome.lmctl}  # fmt: skip
+                handle.write(json.dumps(record) + "\n")
         ratio, extrapolated = outcome.to_quality()
         print(f"    time to quality {ratio:.2f}x{' (extrapolated)' if extrapolated else ''}, "
               f"per step {outcome.per_step():.2f}x, eval loss {outcome.quality():+.2%}",

@@ -1112,7 +1112,8 @@ def _grid(args: argparse.Namespace) -> int:
     try:
         work = Work(root, quick=False)
         machine = machine_info()
-        outcomes, minutes = run_grid(work, args.grid_cells, args.quick)
+        keep = Path(args.grid_keep) if args.grid_keep else None
+        outcomes, minutes = run_grid(work, args.grid_cells, args.quick, keep)
         block = render_grid(outcomes, minutes, machine)
         output = Path(args.output)
         page = output.read_text(encoding="utf-8") if output.exists() else "# Benchmarks\n"
@@ -1155,6 +1156,9 @@ def main() -> int:
         help="time to quality on the workload grid (about 35 minutes); writes its section only",
     )
     parser.add_argument("--grid-cells", help="only the grid cells whose name has this text")
+    parser.add_argument(
+        "--grid-keep", help="JSON-lines file of measured cells: a stopped --grid run continues"
+    )
     args = parser.parse_args()
     if args.grid:
         return _grid(args)

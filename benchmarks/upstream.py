@@ -148,6 +148,7 @@ def main() -> int:
     args = _args()
     import datasets
     import evaluate
+    import torch
     import transformers
     from transformers import (
         AutoConfig,
@@ -264,6 +265,8 @@ def main() -> int:
         num_train_epochs=args.epochs,
         learning_rate=args.learning_rate,
         bf16=args.bf16,
+        # transformers 5 refuses bf16 without a GPU unless the CPU is named.
+        use_cpu=args.bf16 and not torch.cuda.is_available(),
         report_to="none",
         save_strategy="no",
         seed=42,
