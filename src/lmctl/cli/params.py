@@ -21,7 +21,7 @@ from pydantic.fields import FieldInfo
 from lmctl.config.fields import field_extra, flag_name
 
 
-def _unwrap_optional(annotation: Any) -> Any:
+def unwrap_optional(annotation: Any) -> Any:
     if get_origin(annotation) in (Union, types.UnionType):
         args = [arg for arg in get_args(annotation) if arg is not type(None)]
         if len(args) == 1:
@@ -35,7 +35,7 @@ def _cli_type(annotation: Any) -> tuple[Any, str | None, list[str]]:
     Scalars are taken as text and converted by pydantic, so that every bad value gets the
     same one-line error naming the flag; only flags and repeatable options keep their type.
     """
-    inner = _unwrap_optional(annotation)
+    inner = unwrap_optional(annotation)
     if inner is bool:
         return bool, None, []
     if get_origin(inner) is list:

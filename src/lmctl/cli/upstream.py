@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import difflib
 import json
-import types
 from dataclasses import dataclass, field
-from typing import Any, Union, get_args, get_origin
+from typing import Any, get_origin
 
 from pydantic import BaseModel
 
+from lmctl.cli.params import unwrap_optional
 from lmctl.config.fields import field_extra, flag_name
 from lmctl.config.loader import CONFIG_SUFFIXES
 from lmctl.config.upstream import (
@@ -97,7 +97,7 @@ def _options(model: type[BaseModel]) -> tuple[dict[str, _Option], dict[str, _Opt
         extra = field_extra(info)
         if not extra.get("cli", True):
             continue
-        annotation = _unwrap_optional(info.annotation)
+        annotation = unwrap_optional(info.annotation)
         declared = list(extra.get("flags", []))
         if annotation is bool:
             toggles = [decl for decl in declared if "/" in decl]
@@ -114,14 +114,6 @@ def _options(model: type[BaseModel]) -> tuple[dict[str, _Option], dict[str, _Opt
         for spelling in spellings:
             by_flag[spelling] = option
     return by_flag, by_field
-
-
-def _unwrap_optional(annotation: Any) -> Any:
-    if get_origin(annotation) in (Union, types.UnionType):
-        args = [arg for arg in get_args(annotation) if arg is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return annotation
 
 
 def upstream_command_line(args: list[str], model: type[BaseModel]) -> list[str]:

@@ -9,6 +9,7 @@ The engine layer may import pipeline, publish, objectives, run and everything be
 
 from __future__ import annotations
 
+import contextlib
 from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,18 +64,9 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         publication.check()  # a permission problem fails now, not after training
     run_dir = rundir.local_run_dir(config)
     mirror = mirror_for(config, run_dir, console) if main else None
-    if mirror is None:
-        return _train(
-            config,
-            objective,
-            console,
-            engine,
-            run_dir=run_dir,
-            publication=publication,
-            mirror=None,
-        )
-    mirror.check()  # a permission problem, or another run there, fails now
-    with mirror.uploading():
+    if mirror is not None:
+        mirror.check()  # a permission problem, or another run there, fails now
+    with mirror.uploading() if mirror is not None else contextlib.nullcontext():
         return _train(
             config,
             objective,
