@@ -34,6 +34,7 @@ from lmctl.config.upstream import (
     training_argument_fields,
 )
 from lmctl.errors import ConfigError
+from lmctl.secrets import is_secret_key, register
 
 #: The hidden option that carries TrainingArguments fields given as flags (a JSON object).
 TRAINING_ARGS_FLAG = "--training-args"
@@ -71,11 +72,16 @@ class _Given:
     training_args: dict[str, Any] = field(default_factory=dict)
 
     def record(self, name: str, spelling: str, value: Any) -> None:
+        if is_secret_key(name):
+            register(value)  # masked in whatever is printed from now on
         earlier = self.values.get(name)
         if earlier is not None and earlier[0] != spelling and earlier[1] != value:
+            if is_secret_key(name):  # a token's values are never shown, not even to say they differ
+                first, second = earlier[0], spelling
+            else:
+                first, second = f"{earlier[0]} {_shown(earlier[1])}", f"{spelling} {_shown(value)}"
             raise ConfigError(
-                f"{earlier[0]} {_shown(earlier[1])} and {spelling} {_shown(value)} set the "
-                "same option to different values",
+                f"{first} and {second} set the same option to different values",
                 f"give {flag_name(name)} once",
             )
         self.values[name] = (spelling, value)
