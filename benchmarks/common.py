@@ -135,7 +135,9 @@ def train_wordpiece_tokenizer(directory: Path, vocab_size: int = 2000) -> Path:
 
 
 def lmctl_env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "CI": "1", "PYTHONPATH": str(ROOT / "src"), **extra}
+    # lmctl from this checkout, before whatever the caller's PYTHONPATH adds.
+    paths = [str(ROOT / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "CI": "1", "PYTHONPATH": os.pathsep.join(paths), **extra}
     env.pop("LMCTL_DEBUG", None)
     return env
 

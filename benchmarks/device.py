@@ -57,7 +57,7 @@ BF16_PEAKS = (
     ("L4", 121.0),
 )
 #: Per-run wall-clock limit: a run past it is recorded as failed.
-RUN_TIMEOUT = 240
+RUN_TIMEOUT = 180
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,8 @@ SMOKE_MODELS = (
 class Run:
     model: Model
     engine: str
-    #: "all" (every path named), "off", or "auto" (the sharded runs: the defaults).
+    #: "all" (every path measured on a CPU named), "off", "auto" (the sharded runs: the
+    #: defaults), or the name of one path (that path alone).
     paths: str
     #: None, "fsdp1", "fsdp2" or "zero2".
     sharding: str | None = None
@@ -111,6 +112,17 @@ class Run:
         if self.sharding is not None:
             return f"{self.model.key}-{self.sharding}"
         return f"{self.model.key}-{self.engine}-{self.paths}"
+
+    @property
+    def fast_paths(self) -> str:
+        """The ``--fast-paths`` value of the run."""
+        if self.paths == "all":
+            return ",".join(CPU_PATHS)
+        return self.paths
+
+
+#: The paths measured on a CPU ("all"); the GPU-only fused linear loss is measured alone.
+CPU_PATHS = tuple(name for name in FAST_PATHS if name != "fused-linear-loss")
 
 
 @dataclass
@@ -124,17 +136,43 @@ class Result:
 
 
 def plan(smoke: bool) -> list[Run]:
-    """The runs, most telling first (a budget cut drops the last ones)."""
-    models = SMOKE_MODELS if smoke else (GPT2, BERT)
-    runs = [
-        Run(model, engine, paths)
-        for model in models
-        for engine in ("trainer", "accelerate")
-        for paths in ("off", "all")
+    """The runs, most telling first (a budget cut drops the last ones): each model with every
+    path off and every path on, on the trainer engine; the GPU-only loss; each path alone;
+    the accelerate engine; the sharded runs; the paths that change random numbers."""
+    if smoke:
+        gpt2, bert = SMOKE_MODELS
+        return [
+            Run(gpt2, "trainer", "off"),
+            Run(gpt2, "trainer", "all"),
+            Run(gpt2, "trainer", "fused-linear-loss"),
+            Run(bert, "trainer", "off"),
+            Run(bert, "trainer", "all"),
+            Run(gpt2, "accelerate", "off"),
+            Run(gpt2, "accelerate", "all"),
+        ]
+    return [
+        Run(GPT2, "trainer", "off"),
+        Run(GPT2, "trainer", "all"),
+        Run(GPT2, "trainer", "fused-linear-loss"),
+        Run(BERT, "trainer", "off"),
+        Run(BERT, "trainer", "all"),
+        Run(GPT2, "trainer", "tiled-loss"),
+        Run(BERT, "trainer", "masked-head"),
+        Run(GPT2, "trainer", "fused-gelu"),
+        Run(GPT2, "trainer", "sparse-embedding"),
+        Run(GPT2, "trainer", "fused-adamw"),
+        Run(GPT2, "accelerate", "off"),
+        Run(GPT2, "accelerate", "all"),
+        Run(GPT2, "accelerate", "fused-linear-loss"),
+        Run(BERT, "accelerate", "off"),
+        Run(BERT, "accelerate", "all"),
+        Run(GPT2, "trainer", "auto", "fsdp2"),
+        Run(GPT2, "trainer", "auto", "zero2"),
+        Run(GPT2, "trainer", "auto", "fsdp1"),
+        Run(GPT2, "trainer", "fast-dropout"),
+        Run(BERT, "trainer", "fast-dropout"),
+        Run(BERT, "accelerate", "masked-head"),
     ]
-    if not smoke:
-        runs += [Run(GPT2, "trainer", "auto", name) for name in ("fsdp1", "fsdp2", "zero2")]
-    return runs
 
 
 # Data -----------------------------------------------------------------------------------------
@@ -231,7 +269,7 @@ def lmctl_arguments(run: Run, work: Path, run_dir: Path, args: argparse.Namespac
     steps, log_every, precision = args.steps, args.log_every, args.precision
     model = run.model
     tokenizer, text = data_paths(work, model)
-    paths = ",".join(FAST_PATHS) if run.paths == "all" else run.paths
+    paths = run.fast_paths
     arguments = [
         "train", model.objective, "--model-type", model.model_type, "--tokenizer",
         str(tokenizer), "--train-file", str(text), "--no-eval", "--engine", run.engine,
@@ -282,6 +320,10 @@ def measure(run: Run, work: Path, args: argparse.Namespace) -> Result:
         )
     except subprocess.TimeoutExpired:
         return Result(run, note=f"failed: over {RUN_TIMEOUT} s")
+    if args.log_file:
+        with Path(args.log_file).open("a", encoding="utf-8") as handle:
+            tail = "\n".join(done.stderr.splitlines()[-40:])
+            handle.write(f"=== {run.label} (exit {done.returncode})\n{tail}\n")
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         return Result(run, note=f"failed (exit {done.returncode}): {lines[-1] if lines else ''}")
@@ -444,8 +486,10 @@ def render(
         f"tokens/s between steps {args.log_every} and {args.steps}, precision "
         f"{args.precision}. Synthetic tokens (words drawn uniformly from the whole vocabulary), "
         'random weights from the models\' default configs. "all": `--fast-paths` naming '
-        'every path; "off": `--fast-paths off`, the stock paths; the sharded runs use the '
-        "defaults (`auto`), in one process under torchrun, on the trainer engine.",
+        "every path measured on a CPU (all but fused-linear-loss, which replaces the same "
+        'loss as tiled-loss); "off": `--fast-paths off`, the stock paths; a path\'s name: '
+        "that path alone; the sharded runs use the defaults (`auto`), in one process under "
+        "torchrun, on the trainer engine.",
         "",
         "## Machine",
         "",
@@ -470,30 +514,41 @@ def render(
             f"{_cell(result.tokens_per_second, ',.0f')} | {_cell(mfu, '.1%')} | "
             f"{_cell(memory, '.2f')} | {_cell(result.loss, '.3f')} | {result.note} |"
         )
-    lines += ["", "## Fast paths all against off", ""]
+    lines += ["", "## Against every path off", ""]
     lines += [
-        "| model | engine | tokens/s all / off | memory all / off |",
-        "| --- | --- | --- | --- |",
+        "Each run against the run of the same model and engine with `--fast-paths off` "
+        "(above 1x: faster, or more memory). The loss is the last logged one of the same "
+        "seed and batches: a path that computes the same model lands near the same loss.",
+        "",
+        "| model | engine | fast paths | tokens/s / off | memory / off | loss - off |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     by_label = {result.run.label: result for result in results}
     for result in results:
         run = result.run
-        if run.paths != "off" or run.sharding is not None:
+        if run.paths == "off" or run.sharding is not None:
             continue
-        named = by_label.get(f"{run.model.key}-{run.engine}-all")
-        if named is None:
+        stock = by_label.get(f"{run.model.key}-{run.engine}-off")
+        if stock is None:
             continue
-        speed = _ratio(named.tokens_per_second, result.tokens_per_second)
+        speed = _ratio(result.tokens_per_second, stock.tokens_per_second)
         memory = _ratio(
-            None if named.peak_memory is None else float(named.peak_memory),
             None if result.peak_memory is None else float(result.peak_memory),
+            None if stock.peak_memory is None else float(stock.peak_memory),
         )
-        lines.append(f"| {run.model.name} | {run.engine} | {speed} | {memory} |")
+        loss = (
+            "-"
+            if result.loss is None or stock.loss is None
+            else format(result.loss - stock.loss, "+.3f")
+        )
+        lines.append(
+            f"| {run.model.name} | {run.engine} | {run.paths} | {speed} | {memory} | {loss} |"
+        )
     lines += [
         "",
         "A path is on by default on CUDA only where these figures show it faster (its row "
         "in `src/lmctl/models/fastpaths.py` names the device types it was measured faster "
-        "on); until then `--fast-paths auto` is `off` on CUDA. MFU counts 6N + 12 L T d "
+        "on). MFU counts 6N + 12 L T d "
         "FLOP per token (N: parameters less the position embeddings, L layers, T tokens per "
         "sample, d hidden size), whatever a path skips (the masked head computes the "
         "output layer at the masked positions only).",
@@ -514,12 +569,13 @@ def _ratio(value: float | None, reference: float | None) -> str:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks-gpu.md"))
-    parser.add_argument("--steps", type=int, default=30, help="steps per run (default 30)")
+    parser.add_argument("--steps", type=int, default=60, help="steps per run (default 60)")
     parser.add_argument(
-        "--log-every", type=int, default=5, help="steps between logged losses (default 5)"
+        "--log-every", type=int, default=10, help="steps between logged losses (default 10)"
     )
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32", "fp16"])
     parser.add_argument("--only", help="comma-separated run labels (see --dry-run)")
+    parser.add_argument("--log-file", help="append the end of each run's log to this file")
     parser.add_argument(
         "--peak-tflops", type=float, help="the GPU's bf16 peak, for a GPU not in the table"
     )
@@ -588,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
             peak = bf16_peak(info["device"], args.peak_tflops)
         else:
             peak = (matmul, "the measured bf16 matmul: no GPU, a check of the benchmark only")
-        results = []
+        results: list[Result] = []
         for run in runs:
             if time.monotonic() - started > args.budget_minutes * 60:
                 results.append(Result(run, note=f"not run: past {args.budget_minutes} minutes"))
@@ -600,14 +656,22 @@ def main(argv: list[str] | None = None) -> int:
                 f"{run.label}: {_cell(result.tokens_per_second, ',.0f')} tokens/s {result.note}",
                 file=sys.stderr,
             )
+            # The page so far, after every run: a run cut short still leaves its figures.
+            minutes = (time.monotonic() - started) / 60
+            text = render(results, info, peak=peak, matmul=matmul, minutes=minutes, args=args)
+            write_page(Path(args.output), text)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     minutes = (time.monotonic() - started) / 60
     text = render(results, info, peak=peak, matmul=matmul, minutes=minutes, args=args)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(text, encoding="utf-8")
+    write_page(Path(args.output), text)
     print(text)
     return 0
+
+
+def write_page(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ Launcher = Literal["torchrun", "accelerate"]
 #: runs); ``--fast-paths`` takes ``auto``, ``off`` or a comma-separated list of these.
 FastPathName = Literal[
     "tiled-loss",
+    "fused-linear-loss",
     "masked-head",
     "sparse-embedding",
     "fast-dropout",

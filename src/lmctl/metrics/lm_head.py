@@ -377,6 +377,52 @@ def tile_training_loss(model: Any) -> bool:
     return _install(model, None, loss_of, "CausalLMOutput")
 
 
+def fused_linear_training_loss(model: Any) -> bool:
+    """Make a causal LM's training forward compute its loss with liger-kernel's fused linear
+    cross-entropy (Triton kernels on a GPU: the output layer and the cross-entropy taken
+    chunk by chunk of rows, the logits of one chunk at a time), where its body and linear
+    output layer reproduce its logits and its loss and liger-kernel is installed; returns
+    whether it does. The split is checked on the CPU with PyTorch's cross-entropy (the
+    kernels themselves run on the GPU only)."""
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    except ImportError:
+        return False
+    import torch
+
+    def pairs(split: TiledHead, inputs: dict[str, Any], labels: Any) -> tuple[Any, Any, Any]:
+        """The positions' hidden states, the output layer's weight (both in the autocast dtype
+        where autocast is on, as the model's own output layer computes) and the targets."""
+        states, targets = _next_token_pairs(split.hidden(inputs), labels)
+        weight = split.head.weight
+        device = states.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            states, weight = states.to(dtype), weight.to(dtype)
+        return states, weight, targets
+
+    def loss_of(split: TiledHead) -> Any:
+        def loss(inputs: dict[str, Any], labels: Any, num_items: Any) -> Any:
+            states, weight, targets = pairs(split, inputs, labels)
+            reduction = "mean" if num_items is None else "sum"
+            value = liger_fused_linear_cross_entropy(
+                states, weight, targets, split.head.bias, reduction=reduction
+            )
+            return value if num_items is None else value / num_items
+
+        return loss
+
+    def checked_by(split: TiledHead) -> Any:
+        def loss(inputs: dict[str, Any], labels: Any, num_items: Any) -> Any:
+            states, weight, targets = pairs(split, inputs, labels)
+            logits = torch.nn.functional.linear(states, weight, split.head.bias).float()
+            return torch.nn.functional.cross_entropy(logits, targets)
+
+        return loss
+
+    return _install(model, None, loss_of, "CausalLMOutput", checked_by=checked_by)
+
+
 def masked_training_loss(model: Any) -> bool:
     """Make a masked LM's training forward apply its prediction head to the masked positions
     only (the loss is taken there alone; the head works position by position), where its
@@ -404,11 +450,12 @@ def masked_training_loss(model: Any) -> bool:
     return _install(model, head, loss_of, "MaskedLMOutput")
 
 
-def _install(model: Any, head: Any, loss_of: Any, output: str) -> bool:
+def _install(model: Any, head: Any, loss_of: Any, output: str, *, checked_by: Any = None) -> bool:
     """Train ``model`` through ``loss_of(split)`` where the split at ``head`` reproduces the
     model's logits and its loss (a model that adds to its loss, such as a mixture of experts'
     balancing term, keeps its own forward). Checked on a few token ids, in eval mode and
-    without drawing random numbers, so that checking changes nothing a seeded run depends on."""
+    without drawing random numbers, so that checking changes nothing a seeded run depends on;
+    through ``checked_by(split)`` instead where the loss itself runs on another device only."""
     import torch
 
     positions = getattr(model.config, "max_position_embeddings", None)
@@ -423,9 +470,10 @@ def _install(model: Any, head: Any, loss_of: Any, output: str) -> bool:
             if split is None:
                 return False
             loss = loss_of(split)
+            check = loss if checked_by is None else checked_by(split)
             own = model(**sample).loss
             if own is None or not torch.allclose(
-                loss(sample, ids, None).float(), own.float(), rtol=1e-4, atol=1e-5
+                check(sample, ids, None).float(), own.float(), rtol=1e-4, atol=1e-5
             ):
                 return False
     finally:

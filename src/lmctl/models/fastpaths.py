@@ -59,6 +59,8 @@ class FastPath:
     #: Why the path stays off unless ``--fast-paths`` names it, where it changes what a run
     #: computes (other random numbers, so other results than upstream's at the same seed).
     not_by_default: str = ""
+    #: Device types it can run on at all (None: any); named elsewhere, it stays off.
+    runs_on: frozenset[str] | None = None
 
 
 CPU = frozenset({"cpu"})
@@ -94,6 +96,14 @@ TABLE: tuple[FastPath, ...] = (
         # At seed 42, a 40-step fine-tune of a tiny multiple-choice BERT ended 10% above
         # upstream's eval loss with it and equal to it without (tests/test_parity.py).
         not_by_default="other random numbers than PyTorch's dropout; name it to use it",
+    ),
+    FastPath(
+        "fused-linear-loss",
+        "clm training loss by liger-kernel's fused linear cross-entropy",
+        frozenset(),
+        plain_model=True,
+        precisions=CHECKED,
+        runs_on=frozenset({"cuda"}),
     ),
     FastPath("fused-gelu", "tanh GELU as one fused kernel", CPU),
     FastPath("fused-adamw", "torch's fused AdamW chosen by lmctl", CPU),
@@ -193,6 +203,8 @@ def decide(path: FastPath, setting: Setting) -> Decision:
     listed = isinstance(setting.requested, frozenset)
     if listed and path.name not in setting.requested:
         return Decision(False, "not in --fast-paths")
+    if path.runs_on is not None and setting.device not in path.runs_on:
+        return Decision(False, f"runs on {', '.join(sorted(path.runs_on))} only")
     if path.plain_model and setting.wrappers:
         names = ", ".join(WRAPPER_NAMES[name] for name in setting.wrappers)
         return Decision(False, f"{names} runs the model's own forward")
@@ -240,6 +252,12 @@ class FastPaths:
             return True
         self.decisions[name] = Decision(False, unfit)
         return False
+
+    def set_off(self, name: FastPathName, reason: str) -> None:
+        """Record ``name`` as off for ``reason`` (another path took its place)."""
+        if name not in self.asked:
+            self.asked.append(name)
+        self.decisions[name] = Decision(False, reason)
 
     def fused_adamw(self) -> bool:
         """Whether AdamW runs torch's fused kernel by lmctl's choice (off: the engine's own

@@ -94,11 +94,20 @@ class Clm(Objective):
             )
 
     def prepare_for_training(self, config: TrainConfig, model: Any, paths: FastPaths) -> None:
-        """The training loss is taken from the output layer tile by tile where the model's
+        """The training loss is taken from the output layer chunk by chunk where the model's
         logits allow it (:mod:`lmctl.metrics.lm_head`): same loss and gradients, without
-        the full-vocabulary logits."""
-        from lmctl.metrics.lm_head import tile_training_loss
+        the full-vocabulary logits; by liger-kernel's fused kernels on a GPU, in tiles of
+        PyTorch matmuls on a CPU."""
+        from lmctl.metrics.lm_head import fused_linear_training_loss, tile_training_loss
 
+        if paths.apply(
+            "fused-linear-loss",
+            lambda: fused_linear_training_loss(model),
+            "liger-kernel is not installed (pip install 'lmctl[liger]'), or the model's "
+            "logits are not its body's through a linear output layer",
+        ):
+            paths.set_off("tiled-loss", "fused-linear-loss computes the loss")
+            return
         paths.apply(
             "tiled-loss",
             lambda: tile_training_loss(model),
