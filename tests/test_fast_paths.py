@@ -30,6 +30,8 @@ from lmctl.pipeline import install_fast_paths
 from .conftest import lmctl
 
 NAMES = get_args(FastPathName)
+#: The paths that run on a CPU (all but the GPU-only fused linear loss).
+CPU_NAMES = tuple(p.name for p in TABLE if p.runs_on is None or "cpu" in p.runs_on)
 
 
 def _setting(**changes: Any) -> Setting:
@@ -61,7 +63,12 @@ def _gpt2() -> GPT2LMHeadModel:
 
 def test_every_path_has_one_row_and_was_measured_on_a_cpu_only() -> None:
     assert [path.name for path in TABLE] == list(NAMES)
-    assert all(path.measured_on == {"cpu"} for path in TABLE)
+    assert all(PATHS[name].measured_on == {"cpu"} for name in CPU_NAMES)
+    # The GPU-only path runs on CUDA alone and is on by default nowhere until measured there.
+    gpu_only = PATHS["fused-linear-loss"]
+    assert gpu_only.runs_on == {"cuda"}
+    assert gpu_only.measured_on == frozenset()
+    assert set(NAMES) - set(CPU_NAMES) == {"fused-linear-loss"}
 
 
 @pytest.mark.parametrize("engine", ["trainer", "accelerate"])
@@ -77,6 +84,10 @@ def test_on_a_cuda_device_every_cpu_measured_path_is_off(engine: str, precision:
 def test_on_a_cpu_every_path_is_on_by_default_but_those_that_change_the_results() -> None:
     for path in TABLE:
         decision = decide(path, _setting())
+        if path.name not in CPU_NAMES:
+            assert not decision.on and decision.reason == "runs on cuda only"
+            assert not decide(path, _setting(requested=frozenset({path.name}))).on
+            continue
         if path.name == "fast-dropout":
             # Other random numbers than PyTorch's dropout: results other than upstream's.
             assert not decision.on and "other random numbers" in decision.reason
@@ -108,7 +119,7 @@ def test_settings_that_exclude_a_path_turn_it_off_on_any_device(
 ) -> None:
     for requested in ("auto", frozenset(NAMES)):
         setting = _setting(**changes, requested=requested)
-        decisions = {path.name: decide(path, setting) for path in TABLE}
+        decisions = {name: decide(PATHS[name], setting) for name in CPU_NAMES}
         expected = off
         if requested == "auto":  # off by default, whatever the setting
             decisions = {n: d for n, d in decisions.items() if not PATHS[n].not_by_default}
@@ -141,7 +152,8 @@ def test_the_device_type_comes_from_the_accelerator_unless_the_cpu_is_asked_for(
     assert not any(paths.on(name) for name in NAMES)
     cpu = FastPaths.of(_config(tmp_path, training_args={"use_cpu": True}))
     assert cpu.setting.device == "cpu"
-    assert all(cpu.on(name) for name in NAMES if not PATHS[name].not_by_default)
+    assert all(cpu.on(name) for name in CPU_NAMES if not PATHS[name].not_by_default)
+    assert not cpu.on("fused-linear-loss")
     monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
     assert FastPaths.of(_config(tmp_path)).setting.device == "cpu"
 
@@ -207,17 +219,17 @@ def test_where_every_path_is_off_the_model_trains_through_its_own_code(
 
 def test_on_a_cpu_the_same_model_gets_every_path_and_the_log_line_says_so(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    paths = FastPaths.of(_config(tmp_path), _setting(requested=frozenset(NAMES)))
+    paths = FastPaths.of(_config(tmp_path), _setting(requested=frozenset(CPU_NAMES)))
     model = _gpt2()
     install_fast_paths(paths, config, CLM, model)
     assert all(_patched(model).values()), _patched(model)
     line = paths.summary()
     assert line.startswith("fast paths (cpu, fp32, trainer engine; --fast-paths chooses): on: ")
-    assert "; off:" not in line
+    assert line.endswith("; off: fused-linear-loss (not in --fast-paths)")
     default = FastPaths.of(config, _setting())
     install_fast_paths(default, config, CLM, _gpt2())
     assert not default.on("fast-dropout")
-    assert "off: fast-dropout (other random numbers" in default.summary()
+    assert "fast-dropout (other random numbers" in default.summary().split("; off: ")[1]
     for name in ("tiled-loss", "fast-dropout", "sparse-embedding", "fused-gelu"):
         assert name in line
     assert "masked-head" not in line, "a clm run never asks for the mlm head"
@@ -304,3 +316,70 @@ def test_an_unknown_fast_path_on_the_command_line_exits_2(tmp_path: Path) -> Non
     assert proc.returncode == 2, proc.stderr
     assert "'bogus' is not a fast path" in proc.stderr
     assert "fused-adamw" in proc.stderr
+
+
+def test_the_fused_linear_loss_is_wired_to_give_the_models_own_loss_and_gradients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """lmctl hands liger-kernel's documented function ``liger_fused_linear_cross_entropy``
+    the positions' hidden states, the output layer and the next tokens, and divides a summed
+    loss by the batch's item count. Its Triton kernels need a GPU, so here the function is
+    computed by PyTorch's own linear layer and cross-entropy: what is checked is lmctl's side
+    of the call (the loss and every gradient equal the model's own, both reductions)."""
+    import sys
+    import types
+
+    from lmctl.metrics.lm_head import fused_linear_training_loss
+
+    calls: list[str] = []
+
+    def reference(
+        states: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        reduction: str = "mean",
+    ) -> torch.Tensor:
+        calls.append(reduction)
+        assert states.shape == (targets.shape[0], weight.shape[1])
+        logits = torch.nn.functional.linear(states, weight, bias).float()
+        return torch.nn.functional.cross_entropy(logits, targets, reduction=reduction)
+
+    functional = types.ModuleType("liger_kernel.transformers.functional")
+    functional.liger_fused_linear_cross_entropy = reference  # type: ignore[attr-defined]
+    for name in ("liger_kernel", "liger_kernel.transformers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, functional.__name__, functional)
+
+    model, stock = _gpt2(), _gpt2()
+    assert fused_linear_training_loss(model)
+    loss, grads = _loss(model)
+    stock_loss, stock_grads = _loss(stock)
+    assert calls == ["mean"]
+    torch.testing.assert_close(loss, stock_loss)
+    for grad, stock_grad in zip(grads, stock_grads, strict=True):
+        torch.testing.assert_close(grad, stock_grad)
+    ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(4)  # the same dropout masks for both models
+    summed = model(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(40)).loss
+    torch.manual_seed(4)
+    own = stock(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(40)).loss
+    assert calls[-1] == "sum"
+    torch.testing.assert_close(summed, own)
+
+
+def test_without_liger_kernel_the_fused_linear_loss_is_said_not_to_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # an import of it fails
+    config = _config(tmp_path)
+    setting = _setting(device="cuda", precision="bf16", requested=frozenset({"fused-linear-loss"}))
+    paths = FastPaths.of(config, setting)
+    model = _gpt2()
+    install_fast_paths(paths, config, CLM, model)
+    assert not paths.on("fused-linear-loss")
+    assert "fused-linear-loss (liger-kernel is not installed" in paths.summary()
+    assert type(model).forward is GPT2LMHeadModel.forward or "forward" not in vars(model)

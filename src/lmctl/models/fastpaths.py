@@ -3,8 +3,10 @@
 Each fast path computes what the model's and PyTorch's own code computes (tested path by
 path), in less time on the hardware it was measured on. A path runs by default only on the
 device types where a benchmark showed it faster: every path so far was measured on a
-two-core CPU (``docs/benchmarks.md``), so on a CUDA GPU, until a GPU measurement says
-otherwise (``benchmarks/device.py`` writes ``docs/benchmarks-gpu.md``), training is the
+two-core CPU (``docs/benchmarks.md``), but the fused linear loss, which runs on CUDA only
+(liger-kernel's Triton kernels) and is on nowhere until measured; so on a CUDA GPU, until
+a GPU measurement says otherwise (``benchmarks/device.py`` writes
+``docs/benchmarks-gpu.md``), training is the
 stock one: the model's own forward and loss (one matmul for the logits, PyTorch's
 cross-entropy), PyTorch's dropout, GELU and allocator, and the engine's own optimizer. A
 Python loop of small matmuls that wins in a CPU's cache is hundreds of kernel launches on a
@@ -74,6 +76,14 @@ TABLE: tuple[FastPath, ...] = (
         precisions=CHECKED,
     ),
     FastPath(
+        "fused-linear-loss",
+        "clm training loss by liger-kernel's fused linear cross-entropy",
+        frozenset(),
+        plain_model=True,
+        precisions=CHECKED,
+        runs_on=frozenset({"cuda"}),
+    ),
+    FastPath(
         "masked-head",
         "mlm prediction head on the masked positions only",
         CPU,
@@ -96,14 +106,6 @@ TABLE: tuple[FastPath, ...] = (
         # At seed 42, a 40-step fine-tune of a tiny multiple-choice BERT ended 10% above
         # upstream's eval loss with it and equal to it without (tests/test_parity.py).
         not_by_default="other random numbers than PyTorch's dropout; name it to use it",
-    ),
-    FastPath(
-        "fused-linear-loss",
-        "clm training loss by liger-kernel's fused linear cross-entropy",
-        frozenset(),
-        plain_model=True,
-        precisions=CHECKED,
-        runs_on=frozenset({"cuda"}),
     ),
     FastPath("fused-gelu", "tanh GELU as one fused kernel", CPU),
     FastPath("fused-adamw", "torch's fused AdamW chosen by lmctl", CPU),
