@@ -968,6 +968,104 @@ def _stream_position_after(
     return {"epoch": 0, "batches": count // batch, "rank": 0, "readers": cursor.state()}
 
 
+@contextlib.contextmanager
+def s3_endpoint() -> Any:
+    """An S3 endpoint on loopback (moto's server, a development dependency) with one bucket:
+    the environment that points lmctl at it, or None without moto."""
+    try:
+        import boto3
+        from moto.server import ThreadedMotoServer
+    except ImportError:
+        yield None
+        return
+    import logging
+    import socket
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    try:
+        client = boto3.client(
+            "s3",
+            endpoint_url=env["AWS_ENDPOINT_URL"],
+            region_name="us-east-1",
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+        )
+        client.create_bucket(Bucket="runs")
+        yield env
+    finally:
+        server.stop()
+
+
+def remote(work: Work, reps: int, steps: int) -> list[Figure]:
+    """train_runtime of one run written to a local run directory and of the same run written
+    to a storage URL (file://, and s3:// on a loopback endpoint where moto is installed): a
+    checkpoint every quarter of the run, two kept, each uploaded beside training."""
+    model = work.model(
+        "gpt2-4x256", "gpt2", vocab_size=30522, n_layer=4, n_embd=256, n_head=4, n_positions=128
+    )
+    data = write_text_of_size(work.root / "remote.txt", 2, seed=13)
+    every = max(1, steps // 4)
+    common = [
+        "train", "clm", "--model", model, "--train-file", data, "--block-size", 128,
+        "--per-device-train-batch-size", 8, "--max-steps", steps, "--save-steps", every,
+        "--save-total-limit", 2, "--no-eval", "--no-progress",
+    ]  # fmt: skip
+
+    def runtime(destination: str, env: dict[str, str]) -> float:
+        staging = work.fresh("staging")
+        extra = [] if destination.startswith("/") else ["--staging-dir", staging]
+        done, _, _ = run_lmctl([*common, "-o", destination, *extra], env)
+        if done.returncode != 0:
+            sys.stderr.write(done.stderr[-3000:])
+            raise SystemExit(f"lmctl train -o {destination} exited {done.returncode}")
+        folder = staging if extra else Path(destination)
+        results = json.loads((folder / "all_results.json").read_text())
+        shutil.rmtree(staging, ignore_errors=True)
+        return float(results["train_runtime"])
+
+    figures = []
+    with s3_endpoint() as s3_env:
+        sides: dict[str, Callable[[], float]] = {
+            "local": lambda: runtime(str(work.fresh("local-run")), work.env()),
+            "file": lambda: runtime(f"file://{work.fresh('file-run')}", work.env()),
+        }
+        if s3_env is not None:
+            sides["s3"] = lambda: runtime(
+                f"s3://runs/{work.fresh('s3-run').name}", work.env(**s3_env)
+            )
+        runs = interleave(reps, sides)
+    for name, label in (("file", "file://"), ("s3", "s3:// (loopback endpoint)")):
+        if name in runs:
+            figures.append(
+                Figure(
+                    "remote",
+                    f"train clm to {label}, {steps} steps, a checkpoint every {every} "
+                    "(baseline: the same run to a local directory; ratio: its time over it)",
+                    "s",
+                    runs[name],
+                    runs["local"],
+                    "lower",
+                    1 / 1.05,
+                    "target: within 5% of the local run's train_runtime",
+                )
+            )
+    return figures
+
+
 def end_to_end(work: Work, reps: int) -> list[Figure]:
     """The README's first command; --quick stops it after 5 steps."""
     walls = []
@@ -1038,7 +1136,7 @@ def render(
         # Shown another way round: a fraction of a peak, and a time within N times another.
         if figure.section == "MFU" and figure.target is not None:
             target = f">= {figure.target:.0%}"
-        if figure.section == "resume" and figure.target is not None and ratio is not None:
+        if figure.section in ("resume", "remote") and figure.target is not None and ratio:
             target, ratio = f"<= {1 / figure.target:g}x", 1 / ratio
         lines.append(
             f"| {figure.section} | {figure.name} | {figure.unit} | {spread(figure.lmctl)} | "
@@ -1055,7 +1153,7 @@ GROUPS = [
     ("startup", "preprocessing"),
     ("training:clm", "mfu"),
     ("training:mlm+swag",),
-    ("evaluation", "resume", "end-to-end"),
+    ("evaluation", "resume", "remote", "end-to-end"),
 ]
 
 
@@ -1131,7 +1229,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default 3; quick 1)")
     parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument(
-        "--sections", default="startup,preprocessing,training,mfu,evaluation,resume,end-to-end"
+        "--sections",
+        default="startup,preprocessing,training,mfu,evaluation,resume,remote,end-to-end",
     )
     parser.add_argument("--shared", action="store_true", help="note that the machine was shared")
     parser.add_argument(
@@ -1238,6 +1337,7 @@ def main() -> int:
             )
         section("evaluation", lambda: evaluation(work, reps, sizes["eval_mb"]))
         section("resume", lambda: resume(work, reps, sizes["resume_blocks"]))
+        section("remote", lambda: remote(work, args.train_reps or reps, sizes["train_steps"]))
         section(
             "end-to-end", lambda: end_to_end(work, 1 if args.quick else args.train_reps or reps)
         )
