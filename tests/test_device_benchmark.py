@@ -29,7 +29,15 @@ def test_the_runs_cover_both_models_engines_and_settings_and_the_sharded_ones() 
     for model in ("gpt2", "bert"):
         for engine in ("trainer", "accelerate"):
             assert f"{model}-{engine}-off" in labels and f"{model}-{engine}-all" in labels
-    assert labels[-3:] == ["gpt2-fsdp1", "gpt2-fsdp2", "gpt2-zero2"]
+    sharded = [label for label in labels if label.split("-")[1] in ("fsdp1", "fsdp2", "zero2")]
+    assert sorted(sharded) == ["gpt2-fsdp1", "gpt2-fsdp2", "gpt2-zero2"]
+    # Every path alone, against the same model and engine with every path off.
+    alone = {label.split("-", 2)[2] for label in labels if label.startswith("gpt2-trainer-")}
+    assert {"tiled-loss", "fused-linear-loss", "sparse-embedding", "fused-gelu"} <= alone
+    assert "bert-trainer-masked-head" in labels
+    # The most telling runs first: a budget cut drops the last ones.
+    assert labels[:3] == ["gpt2-trainer-off", "gpt2-trainer-all", "gpt2-trainer-fused-linear-loss"]
+    assert len(labels) == len(set(labels))
     assert device.GPT2.vocab == 50257 and device.BERT.vocab == 30522
 
 
@@ -37,9 +45,10 @@ def test_dry_run_lists_every_run_with_its_lmctl_command() -> None:
     proc = _script("--dry-run")
     assert proc.returncode == 0, proc.stderr
     lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
-    assert len(lines) == 11
-    every = ",".join(device.FAST_PATHS)
+    assert len(lines) == len(device.plan(smoke=False))
+    every = ",".join(name for name in device.FAST_PATHS if name != "fused-linear-loss")
     assert f"--fast-paths {every} " in lines["gpt2-trainer-all"]
+    assert "--fast-paths fused-linear-loss " in lines["gpt2-trainer-fused-linear-loss"]
     assert "--fast-paths off " in lines["bert-accelerate-off"]
     assert "--engine accelerate" in lines["bert-accelerate-off"]
     assert lines["gpt2-zero2"].startswith("torchrun --nproc_per_node 1 -m lmctl train clm")

@@ -113,6 +113,34 @@ def test_masks_never_hit_special_or_padding_tokens(
     assert labelled and not special & set(labelled)
 
 
+def test_unknown_tokens_are_never_drawn_and_the_draws_are_upstreams(
+    tmp_path: Path, wordpiece_tokenizer: Path
+) -> None:
+    """run_mlm.py's Trainer drops the tokenizer's mask of added special tokens, so its
+    collator marks every special id, [UNK] included: [UNK] is never a target. lmctl draws
+    from the same tokens, and with the same random state the same masks."""
+    import torch
+    from transformers import DataCollatorForLanguageModeling
+
+    train = tmp_path / "t.txt"
+    train.write_text("x\n")
+    tokenizer = _tokenizer(wordpiece_tokenizer)
+    texts = ["the king \u2603 is \u2603 dead \u2603", "\u2603 long live the king \u2603 \u2603"]
+    features = _features(tokenizer, texts)
+    unknown = tokenizer.unk_token_id
+    assert sum(ids.count(unknown) for ids in (f["input_ids"] for f in features)) >= 5
+    collator = OBJECTIVE.collator(_config(train, line_by_line=True, mlm_probability=0.9), tokenizer)
+    upstream = DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm_probability=0.9)
+    for seed in range(5):
+        torch.manual_seed(seed)
+        batch = collator([dict(f) for f in features])
+        assert not (batch["labels"] == unknown).any()
+        torch.manual_seed(seed)
+        theirs = upstream([{"input_ids": f["input_ids"]} for f in features])
+        assert torch.equal(batch["labels"], theirs["labels"])
+        assert torch.equal(batch["input_ids"], theirs["input_ids"])
+
+
 def test_a_batch_with_no_drawn_mask_gets_one_masked_token(
     tmp_path: Path, wordpiece_tokenizer: Path
 ) -> None:

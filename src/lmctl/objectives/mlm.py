@@ -66,6 +66,13 @@ class MlmConfig(LineByLineConfig):
 class PaddedMaskingCollator:
     """Pads a batch (offset mappings included), then lets transformers draw the masks.
 
+    Tokens that may be drawn are those that are not any of the tokenizer's special tokens,
+    ``[UNK]`` included: what upstream's ``run_mlm.py`` draws from (its Trainer drops the
+    tokenizer's per-sample mask of added special tokens, so the collator marks every special
+    id). A mask that let ``[UNK]`` be drawn trained and scored the model on predicting
+    ``[UNK]``: on text that a small vocabulary leaves full of it, an eval loss 13% below
+    upstream's for the same weights. The mask is taken from the ids, vectorized.
+
     A batch in which no token was drawn (a few short lines) has no target, and its loss is a
     mean over nothing: NaN, which would poison the weights. Such a batch gets one token, drawn
     among its non-special ones, replaced by the mask token.
@@ -75,9 +82,19 @@ class PaddedMaskingCollator:
         self.masking = masking
         self.tokenizer = tokenizer
         self.multiple_of = multiple_of
+        self.special_ids = sorted(set(tokenizer.all_special_ids))
 
     def __call__(self, features: list[dict[str, Any]]) -> Any:
-        batch = self.masking(pad_features(features, self.tokenizer, self.multiple_of))
+        import numpy as np
+
+        padded = pad_features(features, self.tokenizer, self.multiple_of)
+        ids = np.asarray([feature["input_ids"] for feature in padded], dtype=np.int64)
+        special = np.isin(ids, self.special_ids).astype(np.int64)
+        padded = [
+            {**feature, "special_tokens_mask": row}
+            for feature, row in zip(padded, special.tolist(), strict=True)
+        ]
+        batch = self.masking(padded)
         target = draw_one_target(batch, self.tokenizer)
         if target is not None:
             batch["input_ids"][target] = self.tokenizer.mask_token_id
