@@ -106,20 +106,27 @@ def _command(run_dir: str, **values: Any) -> None:
     )
 
 
-def local_copy(path: str, console: Console, staging: str | None) -> tuple[Path, str | None]:
+def local_copy(path: str, console: Console, overrides: dict[str, Any]) -> tuple[Path, str | None]:
     """The local run directory to resume, and the storage URL of a remote one (whose newest
-    complete checkpoint is fetched first when this machine has no copy of it)."""
+    complete checkpoint is fetched first when this machine has no copy of it, and always
+    when the run spans several machines)."""
     from lmctl.run.resume import remote_location
     from lmctl.storage.paths import local_path
 
     location = remote_location(path)
     if location is None:
         return local_path(path), None
+    from lmctl.distributed import machine
     from lmctl.mirror import fetch_run
     from lmctl.storage.locations import run_staging_dir
 
-    local = local_path(staging) if staging is not None else run_staging_dir(location)
-    return fetch_run(location, local, console), location
+    node, nodes = machine(overrides.get("node_rank", 0), overrides.get("nnodes", 1))
+    staging = overrides.get("staging_dir")
+    if staging is not None:
+        local = local_path(staging)
+    else:
+        local = run_staging_dir(location, node if nodes > 1 else None)
+    return fetch_run(location, local, console, whole=nodes > 1), location
 
 
 def run_resume(
@@ -135,7 +142,7 @@ def run_resume(
     from lmctl.run.resume import plan_resume, refuse_fixed_options
 
     refuse_fixed_options(forbidden, path)
-    run_dir, location = local_copy(path, console, overrides.get("staging_dir"))
+    run_dir, location = local_copy(path, console, overrides)
     plan = plan_resume(run_dir, overrides, console, location)
     if dry_run:
         described = plan.describe()

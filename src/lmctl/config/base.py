@@ -737,16 +737,6 @@ class TrainConfig(StrictModel):
         from lmctl.storage.locations import run_location_problem
 
         found = [run_location_problem("--output-dir", self.output_dir)]
-        if found[0] is None and url_scheme(self.output_dir or "") is not None and self.nnodes > 1:
-            found.append(
-                (
-                    f"--output-dir {self.output_dir}: a storage URL as the run directory of "
-                    f"--nnodes {self.nnodes} is not supported yet (only the first machine's "
-                    "part of each checkpoint would be uploaded)",
-                    "give a directory on a disk that every machine shares, or train on one "
-                    "machine (--nproc N)",
-                )
-            )
         found.append(
             local_folder_problem(
                 "--resume-from-checkpoint",

@@ -18,7 +18,7 @@ from lmctl.distributed import is_main_process, world_size
 from lmctl.engine.common import NonFiniteLoss, check_world_size
 from lmctl.errors import ConfigError, Interrupted, LmctlError, TrainingFailed
 from lmctl.metrics import loss_metrics
-from lmctl.mirror import mirror_for
+from lmctl.mirror import mirror_for, sync_checkpoints
 from lmctl.run import rundir
 from lmctl.run.plots import write_loss_plot
 from lmctl.run.resume import resume_command
@@ -63,7 +63,10 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         publication = PushAfterTraining(config, console)
         publication.check()  # a permission problem fails now, not after training
     run_dir = rundir.local_run_dir(config)
-    mirror = mirror_for(config, run_dir, console) if main else None
+    if rundir.per_machine_copies(config) and config.resume_from_checkpoint == "auto":
+        assert config.output_dir is not None
+        sync_checkpoints(config.output_dir, run_dir, console)
+    mirror = mirror_for(config, run_dir, console)
     if mirror is not None:
         mirror.check()  # a permission problem, or another run there, fails now
     with mirror.uploading() if mirror is not None else contextlib.nullcontext():
