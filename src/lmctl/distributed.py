@@ -58,6 +58,16 @@ def machine(node_rank_given: int = 0, nodes_given: int = 1) -> tuple[int, int]:
     return node_rank_given, nodes_given
 
 
+def restart_count() -> int:
+    """How many times torchrun's elastic agent restarted this run's processes (0 at first)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def max_restarts() -> int:
+    """How many restarts the elastic agent allows this run (``--max-restarts``)."""
+    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+
+
 def launched() -> bool:
     """Whether a launcher (torchrun, accelerate launch, a cluster's own) started this process."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ

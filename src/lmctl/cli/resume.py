@@ -139,6 +139,7 @@ def run_resume(
     from lmctl.distributed import is_main_process
     from lmctl.run import rundir
     from lmctl.run.launch import relaunch
+    from lmctl.run.restarts import restarted
     from lmctl.run.resume import plan_resume, refuse_fixed_options
 
     refuse_fixed_options(forbidden, path)
@@ -153,7 +154,7 @@ def run_resume(
         return {"dry_run": True, **described}
     relaunch(plan.config, console)
     console.info(f"resuming {location or run_dir} from {plan.checkpoint.name} (step {plan.step})")
-    if is_main_process():
+    if is_main_process() and not restarted():  # a restart is recorded as such
         rundir.append_metrics(
             run_dir, {"event": "resume", "step": plan.step, "checkpoint": plan.checkpoint.name}
         )

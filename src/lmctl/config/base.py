@@ -449,6 +449,13 @@ class TrainConfig(StrictModel):
         "(accelerate launch).",
         panel=PANEL_SCALE,
     )
+    max_restarts: int = option(
+        0,
+        "With --nproc: when a process fails, restart every process from the newest complete "
+        "checkpoint, up to N times (torchrun's elastic agent).",
+        panel=PANEL_SCALE,
+        ge=0,
+    )
     deepspeed: str | None = option(
         None,
         "DeepSpeed ZeRO: a DeepSpeed config JSON file, or 1, 2 or 3 for the shipped config of "
@@ -768,7 +775,7 @@ class TrainConfig(StrictModel):
     def _check_scale(self, problems: Problems) -> None:
         """Launcher, sharding and adapter rules (see ``lmctl.run.launch`` and the engines)."""
         if self.nproc is None:
-            for name in ("nnodes", "node_rank", "master_addr", "master_port"):
+            for name in ("nnodes", "node_rank", "master_addr", "master_port", "max_restarts"):
                 if self._changed(name):
                     problems.add(
                         f"{flag_name(name)} only applies with --nproc",

@@ -21,6 +21,7 @@ from lmctl.metrics import loss_metrics
 from lmctl.mirror import mirror_for, sync_checkpoints
 from lmctl.run import rundir
 from lmctl.run.plots import write_loss_plot
+from lmctl.run.restarts import record_restart, restarted
 from lmctl.run.resume import resume_command
 from lmctl.run.signals import graceful_stop
 from lmctl.storage import atomic
@@ -106,6 +107,8 @@ def _train(
                 f"entries lmctl did not write: {', '.join(others)}"
             )
         rundir.write_config(run_dir, config)
+        if restarted():
+            record_restart(run_dir, rundir.resume_checkpoint(config), console)
     console.info(f"run directory: {shown}")
     trackers_existed = (run_dir / "runs").exists()
     with graceful_stop() as stop:

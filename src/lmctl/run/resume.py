@@ -48,6 +48,7 @@ RESUME_OVERRIDES = (
     "master_addr",
     "master_port",
     "launcher",
+    "max_restarts",
     # Where a remote run directory's local copy is (it holds what was not uploaded yet).
     "staging_dir",
 )
