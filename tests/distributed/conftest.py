@@ -55,11 +55,12 @@ def kill_tree(proc: subprocess.Popen[str]) -> None:
 
 
 def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, "CI": "1", "OMP_NUM_THREADS": "1", **(extra or {})}
+    """This process's environment without a launcher's variables (those in ``extra`` stay)."""
+    env = {**os.environ, "CI": "1", "OMP_NUM_THREADS": "1"}
     env.pop("LMCTL_DEBUG", None)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    return env
+    return {**env, **(extra or {})}
 
 
 def start(
