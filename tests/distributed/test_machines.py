@@ -26,6 +26,8 @@ from tests.distributed.conftest import (
     descendants,
     finish,
     kill_rank_when,
+    kill_tree,
+    kill_when,
     lmctl_command,
     max_difference,
     rank_of,
@@ -163,6 +165,31 @@ def test_two_machines_write_one_run_to_the_store(
 
     final = load(s3_store.read(f"{prefix}/model.safetensors"))
     assert max_difference(final, weights(uninterrupted(name))) < 1e-5
+
+
+def test_a_run_of_two_machines_resumes_on_two_machines_from_the_store(
+    uninterrupted: Callable[[str], Path],
+    bpe_tokenizer: Path,
+    unique_lines: tuple[Path, Path],
+    tmp_path: Path,
+) -> None:
+    """Both machines SIGKILLed once checkpoint-5 is complete in the store; `lmctl resume URL`
+    on two machines with nothing on their disks: each takes checkpoint-5 whole (what both
+    machines wrote), and the run ends with the uninterrupted run's weights."""
+    root = tmp_path / "store" / "run"
+    url = f"file://{root}"
+    args = _args(bpe_tokenizer, unique_lines, url, *OPTIONS["trainer"])
+    env = {"LMCTL_CACHE_DIR": str(tmp_path / "cache"), "LMCTL_STEP_DELAY": "0.3"}
+    procs = _two_machines(args, tmp_path, env)
+    kill_when(procs[0], (root / "checkpoint-5" / MANIFEST).is_file)
+    kill_tree(procs[1])
+    procs[1].communicate()
+    assert not (root / "model.safetensors").exists()
+    fresh = {"LMCTL_CACHE_DIR": str(tmp_path / "other-cache")}  # other machines, empty disks
+    done = _finish_all(_two_machines(["resume", url], tmp_path, fresh))
+    for proc in done:
+        assert "files of checkpoint-5 from" in proc.stderr, proc.stderr[-4000:]
+    assert max_difference(weights(root), weights(uninterrupted("trainer"))) < 1e-5
 
 
 @pytest.mark.parametrize("engine", ["trainer", "accelerate"])

@@ -120,13 +120,22 @@ def local_copy(path: str, console: Console, overrides: dict[str, Any]) -> tuple[
     from lmctl.mirror import fetch_run
     from lmctl.storage.locations import run_staging_dir
 
-    node, nodes = machine(overrides.get("node_rank", 0), overrides.get("nnodes", 1))
+    node, nodes = machine(_given_int(overrides, "node_rank", 0), _given_int(overrides, "nnodes", 1))
     staging = overrides.get("staging_dir")
     if staging is not None:
         local = local_path(staging)
     else:
         local = run_staging_dir(location, node if nodes > 1 else None)
     return fetch_run(location, local, console, whole=nodes > 1), location
+
+
+def _given_int(overrides: dict[str, Any], name: str, default: int) -> int:
+    """A number given on the command line, before the config validates it (which reports a
+    bad value by its flag)."""
+    try:
+        return int(overrides.get(name, default))
+    except ValueError:
+        return default
 
 
 def run_resume(
