@@ -105,6 +105,8 @@ def test_a_new_run_of_the_same_command_is_no_restart(agent: dict[str, str]) -> N
     restarts.note_end(2, "error: bad flag")
     own = json.loads((folder / f"{os.getpid()}.json").read_text())
     assert own["exit_code"] == 2 and own["message"] == "error: bad flag"
+    restarts.note_end(0, None)  # a process that succeeded leaves no note
+    assert not (folder / f"{os.getpid()}.json").exists()
 
 
 def test_a_restart_counted_by_the_agent(

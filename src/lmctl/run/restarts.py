@@ -24,6 +24,7 @@ import os
 import socket
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,8 +101,14 @@ def note_start() -> None:
 
 
 def note_end(code: int, message: str | None) -> None:
-    """Note how this process ends: its exit code, and the error message if it failed."""
+    """Note how this process ends: its exit code, and the error message if it failed (a
+    process that succeeded leaves no note behind)."""
     if not restartable():
+        return
+    if code == 0:
+        _own_note().unlink(missing_ok=True)
+        with suppress(OSError):
+            _folder().rmdir()  # the last of the run's processes on this machine
         return
     note = _read(_own_note()) or {"rank": rank(), "pid": os.getpid()}
     note.update({"ended": round(time.time(), 3), "exit_code": int(code)})
