@@ -117,7 +117,7 @@ def local_copy(path: str, console: Console, overrides: dict[str, Any]) -> tuple[
     if location is None:
         return local_path(path), None
     from lmctl.distributed import machine
-    from lmctl.mirror import fetch_run
+    from lmctl.mirror.fetch import fetch_run
     from lmctl.storage.locations import run_staging_dir
 
     node, nodes = machine(_given_int(overrides, "node_rank", 0), _given_int(overrides, "nnodes", 1))

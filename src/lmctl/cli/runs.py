@@ -114,7 +114,7 @@ def _remote_summaries(url: str) -> list[Any]:
     few small files a summary needs are fetched."""
     import tempfile
 
-    from lmctl.mirror import fetch_summary, find_remote_runs
+    from lmctl.mirror.fetch import fetch_summary, find_remote_runs
     from lmctl.run.resume import resume_command
     from lmctl.run.summary import summarize
     from lmctl.storage.locations import run_location_problem

@@ -18,7 +18,8 @@ from lmctl.distributed import is_main_process, world_size
 from lmctl.engine.common import NonFiniteLoss, check_world_size
 from lmctl.errors import ConfigError, Interrupted, LmctlError, TrainingFailed
 from lmctl.metrics import loss_metrics
-from lmctl.mirror import mirror_for, sync_checkpoints
+from lmctl.mirror.fetch import sync_checkpoints
+from lmctl.mirror.upload import mirror_for
 from lmctl.run import rundir
 from lmctl.run.plots import write_loss_plot
 from lmctl.run.restarts import record_restart, restarted
@@ -29,7 +30,7 @@ from lmctl.storage import atomic
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
     from lmctl.console import Console
-    from lmctl.mirror import RunMirror
+    from lmctl.mirror.upload import RunMirror
     from lmctl.objectives.base import Objective
     from lmctl.publish import PushAfterTraining
 

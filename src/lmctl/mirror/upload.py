@@ -31,11 +31,8 @@ verified, and writes its marker ``node-K.json`` last. The main process waits for
 machine's marker and moves their files into the checkpoint with its own, so that the
 manifest, written last as always, marks the checkpoint of every machine complete. A resume
 on several machines takes the store's newest complete checkpoint whole on each
-(:func:`sync_checkpoints`); a machine's local copy alone is never resumed from.
-
-:func:`fetch_run` brings a remote run's files and its newest complete checkpoint to a local
-copy (``lmctl resume URL`` on a machine that has none), and :func:`fetch_summaries` the few
-small files that ``lmctl runs URL`` reads.
+(:func:`lmctl.mirror.fetch.sync_checkpoints`); a machine's local copy alone is never
+resumed from. Reading a run directory in a store back is :mod:`lmctl.mirror.fetch`.
 """
 
 from __future__ import annotations
@@ -56,9 +53,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from lmctl import distributed
 from lmctl.errors import ConfigError, LmctlError, PermissionDenied, RemoteUnreachable
+from lmctl.mirror.fetch import is_complete, names_in, newest_complete
 from lmctl.publish import LocalFile, StagedFile, StoreTarget, human_size, select_files
 from lmctl.run import rundir
-from lmctl.storage import atomic, locations
+from lmctl.storage import locations
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -73,15 +71,6 @@ DEFAULT_ATTEMPTS = 5
 DEFAULT_BACKOFF = 2.0
 #: Written while the run trains (the trackers' logs go up at the end, once closed).
 _LIVE_LEAVE_OUT = ("runs",)
-#: What ``lmctl runs URL`` reads of a run: small files only.
-_SUMMARY_FILES = (
-    rundir.CONFIG_FILE,
-    rundir.METRICS_LOG,
-    rundir.STATE_FILE,
-    "all_results.json",
-    rundir.RUN_MARKER,
-)
-
 #: Below a checkpoint's staging prefix: each machine's part, and the marker of each.
 PARTS = ".lmctl-parts"
 #: How long one machine waits for another's part of a checkpoint (seconds).
@@ -137,7 +126,7 @@ class RunMirror:
         self.console.info(f"{self.url}: write access checked")
         try:
             fs, root = locations.open_location(self.location)
-            found = self._names(fs, root)
+            found = names_in(fs, root)
             if self.resuming:
                 self._discard_unfinished(fs, root, found)
                 return
@@ -153,19 +142,11 @@ class RunMirror:
                 f"continue it with 'lmctl resume {self.url}', or choose a new --output-dir",
             )
 
-    @staticmethod
-    def _names(fs: AbstractFileSystem, root: str) -> set[str]:
-        fs.invalidate_cache(root)
-        try:
-            return {name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)}
-        except FileNotFoundError:
-            return set()
-
     def _discard_unfinished(self, fs: AbstractFileSystem, root: str, names: set[str]) -> None:
         """Before a resumed run uploads again: the leftovers of uploads newer than the newest
         complete checkpoint (their machines' parts above all) go, so that none is taken for
         a part of the checkpoint that the resumed run saves under the same step."""
-        newest = _newest_complete(fs, root, names)
+        newest = newest_complete(fs, root, names)
         for name in names:
             match = _STAGED_CHECKPOINT.match(name)
             if match and (newest is None or rundir.checkpoint_step(Path(match[1])) > newest):
@@ -378,10 +359,10 @@ class RunMirror:
         fs, root = locations.open_location(self.location)
         steps = {
             int(match.group(1)): f"{root}/{name}"
-            for name in self._names(fs, root)
+            for name in names_in(fs, root)
             if (match := rundir.CHECKPOINT_PATTERN.match(name))
         }
-        complete = sorted(s for s, path in steps.items() if _is_complete(fs, path))
+        complete = sorted(s for s, path in steps.items() if is_complete(fs, path))
         if not complete:
             return
         keep = set(complete[-self.limit :]) if self.limit else set(complete)
@@ -463,209 +444,3 @@ def mirror_for(config: TrainConfig, run_dir: Path, console: Console) -> RunMirro
     if rundir.commits_checkpoints(config):
         return MachinePart(config, run_dir, console)
     return None
-
-
-# Reading a remote run -------------------------------------------------------------------
-
-
-def _is_complete(fs: AbstractFileSystem, path: str) -> bool:
-    fs.invalidate_cache(path)
-    return bool(fs.exists(f"{path}/{locations.MANIFEST}"))
-
-
-def _newest_complete(fs: AbstractFileSystem, root: str, names: set[str]) -> int | None:
-    steps = [
-        int(match.group(1))
-        for name in names
-        if (match := rundir.CHECKPOINT_PATTERN.match(name)) and _is_complete(fs, f"{root}/{name}")
-    ]
-    return max(steps, default=None)
-
-
-def _manifest(fs: AbstractFileSystem, path: str) -> dict[str, Any] | None:
-    try:
-        with fs.open(f"{path}/{locations.MANIFEST}", "rb") as handle:
-            data = json.loads(handle.read())
-    except FileNotFoundError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _fetch_listed(
-    fs: AbstractFileSystem, root: str, manifest: dict[str, Any], target: Path, where: str
-) -> None:
-    for item in manifest.get("files", []):
-        locations.download_file(
-            fs, f"{root}/{item['path']}", target / item["path"], item.get("sha256"), where
-        )
-
-
-def fetch_run(url: str, local: Path, console: Console, *, whole: bool = False) -> Path:
-    """The local copy of the remote run at ``url`` in ``local``, with its newest complete
-    checkpoint (each file checked against the checkpoint's manifest). A local copy that this
-    machine already has is kept (it is at least as new as the store); only a checkpoint it
-    lacks is downloaded.
-
-    ``whole``: for a machine of a run on several machines, whose copy holds only its own part
-    of each checkpoint (see :func:`sync_checkpoints`)."""
-    location = locations.parse_location(url, "RUN_DIR", destination=False)
-    try:
-        fs, root = locations.open_location(location)
-        return _fetch_run(fs, root, url.rstrip("/"), local, console, whole=whole)
-    except LmctlError:
-        raise
-    except Exception as exc:
-        raise locations.failure(exc, url) from exc
-
-
-def sync_checkpoints(url: str, local: Path, console: Console) -> None:
-    """Before a machine of a run on several machines resumes: its copy's checkpoints end
-    with the store's newest complete one, whole. Its copy holds only its own part of each
-    checkpoint, and parts of checkpoints that never completed (removed here); the processes
-    of the machine take turns, and the first one downloads what is missing."""
-    location = locations.parse_location(url, "--output-dir", destination=False)
-    try:
-        fs, root = locations.open_location(location)
-        with _machine_lock(local):
-            _sync_checkpoints(fs, root, url.rstrip("/"), local, console)
-    except LmctlError:
-        raise
-    except Exception as exc:
-        raise locations.failure(exc, url) from exc
-
-
-@contextmanager
-def _machine_lock(local: Path) -> Iterator[None]:
-    """One process of this machine at a time fetches into ``local``."""
-    from filelock import FileLock
-
-    local.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(local.parent / f".{local.name}.lock")):
-        yield
-
-
-def _fetch_run(
-    fs: AbstractFileSystem, root: str, url: str, local: Path, console: Console, *, whole: bool
-) -> Path:
-    names = RunMirror._names(fs, root)
-    manifest = _manifest(fs, root)
-    if manifest is None or rundir.CONFIG_FILE not in names:
-        raise ConfigError(
-            f"{url} is not a run directory that lmctl uploaded (no {rundir.CONFIG_FILE} and "
-            f"{locations.MANIFEST})",
-            "give the --output-dir of an 'lmctl train' run",
-        )
-    with _machine_lock(local):
-        if not (local / rundir.CONFIG_FILE).is_file():
-            console.info(f"fetching the run {url} into {local}")
-            local.mkdir(parents=True, exist_ok=True)
-            _fetch_listed(fs, root, manifest, local, url)
-        if whole:
-            _sync_checkpoints(fs, root, url, local, console)
-        else:
-            _fetch_newest(fs, root, url, local, console, names=names)
-    return local
-
-
-def _fetch_newest(
-    fs: AbstractFileSystem, root: str, url: str, local: Path, console: Console, *, names: set[str]
-) -> None:
-    """The store's newest complete checkpoint, unless the local copy has one as new."""
-    newest = _newest_complete(fs, root, names)
-    if newest is None:
-        return
-    name = f"checkpoint-{newest}"
-    have = rundir.latest_checkpoint(local)
-    if have is not None and rundir.checkpoint_step(have) >= newest:
-        return
-    listed = _manifest(fs, f"{root}/{name}") or {}
-    started = time.monotonic()
-    with atomic.atomic_dir(local / name, owner="fetch") as staging:
-        _fetch_listed(fs, f"{root}/{name}", listed, staging, url)
-    rundir.record_written(local, name)
-    console.info(f"fetched {name} from {url} in {time.monotonic() - started:.1f} s")
-
-
-def _sync_checkpoints(
-    fs: AbstractFileSystem, root: str, url: str, local: Path, console: Console
-) -> None:
-    newest = _newest_complete(fs, root, RunMirror._names(fs, root))
-    atomic.discard_staging(local)
-    for checkpoint in rundir.checkpoints(local):
-        if newest is None or rundir.checkpoint_step(checkpoint) > newest:
-            atomic.remove_dir(checkpoint)
-    if newest is None:
-        return
-    name = f"checkpoint-{newest}"
-    listed = (_manifest(fs, f"{root}/{name}") or {}).get("files", [])
-    missing = [item for item in listed if not _holds(local / name / item["path"], item)]
-    if not missing:
-        return
-    started = time.monotonic()
-    for item in missing:
-        locations.download_file(
-            fs, f"{root}/{name}/{item['path']}", local / name / item["path"], item["sha256"], url
-        )
-    rundir.record_written(local, name)
-    console.info(
-        f"fetched {len(missing)} of the {len(listed)} files of {name} from {url} in "
-        f"{time.monotonic() - started:.1f} s"
-    )
-
-
-def _holds(file: Path, item: dict[str, Any]) -> bool:
-    """Whether ``file`` is the one a manifest lists."""
-    return (
-        file.is_file()
-        and file.stat().st_size == item.get("size")
-        and locations.file_digests(file).sha256 == item.get("sha256")
-    )
-
-
-def find_remote_runs(url: str) -> list[str]:
-    """The runs at ``url``: the run itself, or the runs one level below it."""
-    location = locations.parse_location(url, "DIR", destination=False)
-    try:
-        fs, root = locations.open_location(location)
-        names = RunMirror._names(fs, root)
-        if rundir.CONFIG_FILE in names:
-            return [url.rstrip("/")]
-        return sorted(
-            f"{url.rstrip('/')}/{name}"
-            for name in names
-            if not name.startswith(".") and fs.exists(f"{root}/{name}/{rundir.CONFIG_FILE}")
-        )
-    except LmctlError:
-        raise
-    except Exception as exc:
-        raise locations.failure(exc, url) from exc
-
-
-def fetch_summary(url: str, target: Path) -> Path:
-    """The files of the remote run at ``url`` that a summary reads, into ``target``: the
-    run's small files and each complete checkpoint's trainer state."""
-    location = locations.parse_location(url, "DIR", destination=False)
-    try:
-        fs, root = locations.open_location(location)
-        names = RunMirror._names(fs, root)
-        for name in _SUMMARY_FILES:
-            if name in names:
-                _fetch_dated(fs, f"{root}/{name}", target / name)
-        for name in names:
-            path = f"{root}/{name}"
-            if rundir.CHECKPOINT_PATTERN.match(name) and _is_complete(fs, path):
-                _fetch_dated(fs, f"{path}/{rundir.STATE_FILE}", target / name / rundir.STATE_FILE)
-    except LmctlError:
-        raise
-    except Exception as exc:
-        raise locations.failure(exc, url) from exc
-    return target
-
-
-def _fetch_dated(fs: AbstractFileSystem, remote: str, local: Path) -> None:
-    """One file, with the store's modification time (a run's age is read from it)."""
-    local.parent.mkdir(parents=True, exist_ok=True)
-    fs.get_file(remote, str(local))
-    with suppress(Exception):
-        modified = fs.modified(remote)
-        os.utime(local, (modified.timestamp(), modified.timestamp()))
