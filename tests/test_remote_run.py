@@ -269,6 +269,26 @@ def test_every_machine_keeps_its_own_local_copy(monkeypatch: pytest.MonkeyPatch)
     assert first.name == f"{one.name}-node0" and second.name == f"{one.name}-node1"
 
 
+def test_machines_check_write_access_at_once(tmp_path: Path) -> None:
+    """Every machine of a run checks write access to a file:// store as it starts: one's
+    check removing the shared staging folder never fails another's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lmctl.console import Console, OutputOptions
+    from lmctl.publish import StoreTarget
+    from lmctl.storage import locations
+
+    location = locations.parse_location(f"file://{tmp_path}/store/run", "-o", destination=True)
+
+    def checks(_: int) -> None:
+        for _ in range(150):
+            StoreTarget(location, Console(OutputOptions(quiet=True)), verbose=False).check_access()
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(checks, range(2)))
+    assert list((tmp_path / "store").iterdir()) == []
+
+
 def test_files_another_process_staged_are_published_with_these(tmp_path: Path) -> None:
     """A machine's part of a checkpoint: staged and verified by its own process, moved into
     place by the one that publishes, listed in the manifest with the size and checksum it

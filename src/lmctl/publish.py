@@ -470,8 +470,16 @@ class StoreTarget:
         staging = self.staging_path(root)
         probe = f"{staging}/.write-probe-{uuid.uuid4().hex}"
         try:
-            self._make_parent(fs, probe)
-            fs.pipe_file(probe, b"lmctl write probe\n")
+            for attempt in range(3):
+                try:
+                    self._make_parent(fs, probe)
+                    fs.pipe_file(probe, b"lmctl write probe\n")
+                    break
+                except (FileNotFoundError, FileExistsError):
+                    # Another process's check (each machine of a run checks at once) removed
+                    # the staging folder while this one made it or wrote into it.
+                    if attempt == 2:
+                        raise
             fs.rm_file(probe)
         except Exception as exc:
             raise locations.failure(exc, self.url) from exc
