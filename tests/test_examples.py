@@ -1,9 +1,12 @@
 """Every file under examples/ is a config that validates (with the data it names put in
-place), or another config file (DeepSpeed, FSDP, accelerate) that parses."""
+place), another config file (DeepSpeed, FSDP, accelerate) that parses, or a cluster
+template whose shell syntax is right (tests/distributed/test_cluster_templates.py runs
+them)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from tests.conftest import corpus_lines, lmctl, swag_records, write_jsonl
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 FILES = sorted(path for path in EXAMPLES.rglob("*") if path.is_file())
 CONFIG_SUFFIXES = {".yaml", ".yml", ".json", ".toml"}
+SCRIPT_SUFFIXES = {".sh", ".sbatch"}
 
 
 def parse(path: Path) -> object:
@@ -60,6 +64,10 @@ def test_every_objective_has_a_tiny_cpu_and_a_single_gpu_config() -> None:
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(EXAMPLES)) for p in FILES])
 def test_example_file(path: Path, tmp_path: Path) -> None:
     if path.suffix == ".md":
+        return
+    if path.suffix in SCRIPT_SUFFIXES:
+        checked = subprocess.run(["bash", "-n", path], capture_output=True, text=True, check=False)
+        assert checked.returncode == 0, checked.stderr
         return
     assert path.suffix in CONFIG_SUFFIXES, f"{path}: not a config file lmctl knows"
     data = parse(path)

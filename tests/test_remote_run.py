@@ -258,14 +258,72 @@ def test_killed_during_training_then_resumed_from_a_file_url(
     assert _max_weight_diff(reference, other) < 1e-5
 
 
-def test_a_remote_run_directory_of_several_machines_is_refused(
-    tmp_path: Path, bpe_tokenizer: Path, text_files: tuple[Path, Path]
-) -> None:
-    url = f"file://{tmp_path}/store/run"
-    more = ("--nproc", "1", "--nnodes", "2", "--master-addr", "127.0.0.1")
-    proc = lmctl(*tiny_clm_args(bpe_tokenizer, text_files, "-o", url, *more, steps=1))
-    assert_clean_failure(proc, 2, f"--output-dir {url}", "--nnodes 2 is not supported yet")
-    assert not (tmp_path / "store").exists()
+def test_every_machine_keeps_its_own_local_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Machines that share a disk, or several 'machines' on one host, never write into one
+    local copy; a run on one machine keeps the folder it always had."""
+    from lmctl.storage.locations import run_staging_dir
+
+    url = "s3://bucket/runs/clm-1"
+    one, first, second = run_staging_dir(url), run_staging_dir(url, 0), run_staging_dir(url, 1)
+    assert len({one, first, second}) == 3
+    assert first.name == f"{one.name}-node0" and second.name == f"{one.name}-node1"
+
+
+def test_machines_check_write_access_at_once(tmp_path: Path) -> None:
+    """Every machine of a run checks write access to a file:// store as it starts: one's
+    check removing the shared staging folder never fails another's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lmctl.console import Console, OutputOptions
+    from lmctl.publish import StoreTarget
+    from lmctl.storage import locations
+
+    location = locations.parse_location(f"file://{tmp_path}/store/run", "-o", destination=True)
+
+    def checks(_: int) -> None:
+        for _ in range(150):
+            StoreTarget(location, Console(OutputOptions(quiet=True)), verbose=False).check_access()
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(checks, range(2)))
+    assert list((tmp_path / "store").iterdir()) == []
+
+
+def test_files_another_process_staged_are_published_with_these(tmp_path: Path) -> None:
+    """A machine's part of a checkpoint: staged and verified by its own process, moved into
+    place by the one that publishes, listed in the manifest with the size and checksum it
+    was staged with; a second publication after one that stopped midway finds it in place."""
+    from lmctl.console import Console, OutputOptions
+    from lmctl.publish import LocalFile, StagedFile, StoreTarget
+    from lmctl.storage import locations
+
+    own, other = tmp_path / "own.bin", tmp_path / "other.bin"
+    own.write_bytes(b"first machine\n")
+    other.write_bytes(b"second machine\n")
+    root = tmp_path / "store" / "checkpoint-5"
+    target = StoreTarget(
+        locations.parse_location(f"file://{root}", "--to", destination=True),
+        Console(OutputOptions(quiet=True)),
+        verbose=False,
+    )
+    fs, path = locations.open_location(target.location)
+    staged = f"{target.staging_path(path)}/.lmctl-parts/node-1/rng_state_1.pth"
+    fs.makedirs(staged.rsplit("/", 1)[0], exist_ok=True)
+    fs.put_file(str(other), staged)
+    part = StagedFile(
+        "rng_state_1.pth", staged, other.stat().st_size, locations.file_digests(other)
+    )
+    files = [LocalFile("rng_state_0.pth", own, own.stat().st_size)]
+    for _ in range(2):
+        target.publish(files, (part,))
+    assert (root / "rng_state_1.pth").read_bytes() == other.read_bytes()
+    manifest = json.loads((root / MANIFEST).read_text())
+    listed = {item["path"]: item["sha256"] for item in manifest["files"]}
+    assert listed == {
+        "rng_state_0.pth": _sha(own.read_bytes()),
+        "rng_state_1.pth": _sha(other.read_bytes()),
+    }
+    assert not (tmp_path / "store" / ".checkpoint-5.lmctl-staging").exists()
 
 
 def test_a_run_that_only_evaluates_uploads_its_results(

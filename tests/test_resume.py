@@ -321,6 +321,19 @@ def test_killed_before_the_final_save_finishes_with_the_run_totals(
     assert _max_weight_diff(ref, out) == 0.0
 
 
+def test_a_second_sigterm_still_saves_a_second_ctrl_c_aborts() -> None:
+    """A pre-emption reaches a process from the cluster and from its launcher: the second
+    SIGTERM leaves the stop as it was; Ctrl-C twice aborts at once."""
+    from lmctl.run.signals import StopRequest
+
+    stop = StopRequest()
+    stop._handle(signal.SIGTERM, None)
+    stop._handle(signal.SIGTERM, None)
+    assert stop.signal_name == "SIGTERM"
+    with pytest.raises(KeyboardInterrupt):
+        stop._handle(signal.SIGINT, None)
+
+
 @pytest.mark.e2e
 def test_sigterm_saves_checkpoint(
     reference: tuple[str, Path], small_train_file: Path, tmp_path: Path

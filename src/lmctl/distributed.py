@@ -40,6 +40,34 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def node_rank() -> int:
+    """This machine's rank among the machines of the run (torchrun's ``GROUP_RANK``)."""
+    return int(os.environ.get("GROUP_RANK", "0"))
+
+
+def nodes() -> int:
+    """How many machines the run spans (torchrun's ``GROUP_WORLD_SIZE``)."""
+    return int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+
+
+def machine(node_rank_given: int = 0, nodes_given: int = 1) -> tuple[int, int]:
+    """This machine's rank and the number of machines: the launcher's in a launched process,
+    else those given (``--node-rank``, ``--nnodes``) to the command that will launch it."""
+    if launched():
+        return node_rank(), nodes()
+    return node_rank_given, nodes_given
+
+
+def restart_count() -> int:
+    """How many times torchrun's elastic agent restarted this run's processes (0 at first)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def max_restarts() -> int:
+    """How many restarts the elastic agent allows this run (``--max-restarts``)."""
+    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+
+
 def launched() -> bool:
     """Whether a launcher (torchrun, accelerate launch, a cluster's own) started this process."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ

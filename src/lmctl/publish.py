@@ -38,6 +38,7 @@ from lmctl import __version__, secrets
 from lmctl.errors import ConfigError, ModelError, PermissionDenied, RemoteUnreachable
 from lmctl.run import rundir
 from lmctl.storage import hub, locations
+from lmctl.storage.atomic import manifest_problem
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -71,6 +72,17 @@ class LocalFile:
     rel: str
     path: Path
     size: int
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A file that another process uploaded into the store and verified there, to be
+    published at ``rel`` with the files of this one (a machine's part of a checkpoint)."""
+
+    rel: str
+    path: str
+    size: int
+    digests: locations.Digests
 
 
 @dataclass
@@ -111,12 +123,15 @@ def select_files(
     include_optimizer: bool,
     require_model: bool = True,
     leave_out: tuple[str, ...] = (),
+    machine_part: bool = False,
 ) -> Selection:
     """The files to publish, with the training state left out of checkpoints (unless
     ``include_optimizer``) and pickled settings that hold a secret withheld.
 
     ``require_model=False`` takes a run that has no final model yet (a run directory being
     uploaded while it trains); the top-level entries named in ``leave_out`` are skipped.
+    ``machine_part``: ``path`` is one machine's part of a checkpoint, which has no trainer
+    state of its own (see lmctl.mirror); its files are checked against its manifest only.
     """
     if not path.is_dir():
         raise ConfigError(f"{path}: no such directory", "give a run directory or a model directory")
@@ -131,7 +146,7 @@ def select_files(
             "(config.json)",
             "give the --output-dir of a run or a folder written by save_pretrained",
         )
-    _check_complete(path)
+    _check_complete(path, machine_part=machine_part)
     selection = Selection([], [], {})
     checked: set[str] = set()
     # A checkpoint pushed on its own is a model; --include-checkpoints keeps a run's
@@ -165,9 +180,14 @@ def _is_state(parts: tuple[str, ...]) -> bool:
     )
 
 
-def _check_complete(path: Path) -> None:
+def _check_complete(path: Path, *, machine_part: bool = False) -> None:
     """Refuse a model or checkpoint whose files do not match the manifest of its save."""
-    problem = rundir.checkpoint_problem(path) if is_checkpoint(path) else rundir.model_problem(path)
+    if machine_part:
+        problem = manifest_problem(path, rundir.MANIFEST_FILE)
+    elif is_checkpoint(path):
+        problem = rundir.checkpoint_problem(path)
+    else:
+        problem = rundir.model_problem(path)
     if problem is not None:
         raise ModelError(
             f"{path}: the model is incomplete or corrupted ({problem}); nothing was pushed",
@@ -431,7 +451,7 @@ class StoreTarget:
         #: True: the caller checked write access to this store already.
         self._checked = access_checked
 
-    def _staging(self, root: str) -> str:
+    def staging_path(self, root: str) -> str:
         """A sibling of the destination, so that nothing in it shows under the destination."""
         root = root.rstrip("/")
         if self.location.protocol in locations.OBJECT_STORES and "/" not in root:
@@ -447,11 +467,19 @@ class StoreTarget:
         if self._checked:
             return
         fs, root = locations.open_location(self.location, fail_fast=True)
-        staging = self._staging(root)
+        staging = self.staging_path(root)
         probe = f"{staging}/.write-probe-{uuid.uuid4().hex}"
         try:
-            self._make_parent(fs, probe)
-            fs.pipe_file(probe, b"lmctl write probe\n")
+            for attempt in range(3):
+                try:
+                    self._make_parent(fs, probe)
+                    fs.pipe_file(probe, b"lmctl write probe\n")
+                    break
+                except (FileNotFoundError, FileExistsError):
+                    # Another process's check (each machine of a run checks at once) removed
+                    # the staging folder while this one made it or wrote into it.
+                    if attempt == 2:
+                        raise
             fs.rm_file(probe)
         except Exception as exc:
             raise locations.failure(exc, self.url) from exc
@@ -470,7 +498,7 @@ class StoreTarget:
             listed: list[str] = []
             for manifest in (
                 f"{root}/{locations.MANIFEST}",
-                f"{self._staging(root)}/.previous-{locations.MANIFEST}",
+                f"{self.staging_path(root)}/.previous-{locations.MANIFEST}",
             ):
                 for item in (_read_manifest(fs, manifest) or {}).get("files", []):
                     if isinstance(item, dict) and isinstance(item.get("path"), str):
@@ -479,16 +507,40 @@ class StoreTarget:
             raise locations.failure(exc, self.url) from exc
         return sorted(set(listed))
 
-    def publish(self, files: list[LocalFile]) -> dict[str, Any]:
+    def publish(
+        self, files: list[LocalFile], others: tuple[StagedFile, ...] = ()
+    ) -> dict[str, Any]:
+        """Publish ``files``, and ``others`` that other processes staged in the store."""
         self.check_access()
         fs, root = locations.open_location(self.location)
         try:
-            return self._publish(fs, root, files)
+            return self._publish(fs, root, files, others)
         except Exception as exc:
             raise locations.failure(exc, self.url) from exc
 
-    def _publish(self, fs: AbstractFileSystem, root: str, files: list[LocalFile]) -> dict[str, Any]:
-        staging = self._staging(root)
+    def upload_verified(
+        self, fs: AbstractFileSystem, item: LocalFile, remote: str, digests: locations.Digests
+    ) -> None:
+        """Upload one file to ``remote`` and check its size and checksum there."""
+        self._make_parent(fs, remote)
+        locations.upload(fs, item.path, remote, item.size)
+        if not locations.object_matches(fs, remote, item.size, digests):
+            raise RemoteUnreachable(
+                f"{self.url}: {item.rel} does not match its size or checksum after upload",
+                "rerun the same command; verified objects are not uploaded again",
+            )
+        if self.verbose:
+            self.console.info(f"uploaded {item.rel} ({human_size(item.size)}), verified")
+        self._written()
+
+    def _publish(
+        self,
+        fs: AbstractFileSystem,
+        root: str,
+        files: list[LocalFile],
+        others: tuple[StagedFile, ...],
+    ) -> dict[str, Any]:
+        staging = self.staging_path(root)
         digests = {item.rel: locations.file_digests(item.path) for item in files}
         uploaded: list[str] = []
         reused: list[str] = []
@@ -502,17 +554,19 @@ class StoreTarget:
                 reused.append(item.rel)
                 in_place.add(item.rel)
                 continue
-            self._make_parent(fs, staged)
-            locations.upload(fs, item.path, staged, item.size)
-            if not locations.object_matches(fs, staged, item.size, digests[item.rel]):
-                raise RemoteUnreachable(
-                    f"{self.url}: {item.rel} does not match its size or checksum after upload",
-                    "rerun the same command; verified objects are not uploaded again",
-                )
+            self.upload_verified(fs, item, staged, digests[item.rel])
             uploaded.append(item.rel)
-            if self.verbose:
-                self.console.info(f"uploaded {item.rel} ({human_size(item.size)}), verified")
-            self._written()
+        moves = [
+            (item.rel, f"{staging}/{item.rel}", item.size, digests[item.rel]) for item in files
+        ]
+        # Another process's files: moved already when an earlier attempt stopped midway.
+        for other in others:
+            moves.append((other.rel, other.path, other.size, other.digests))
+            final = f"{root}/{other.rel}"
+            if not fs.exists(other.path) and locations.object_matches(
+                fs, final, other.size, other.digests, read_back=False
+            ):
+                in_place.add(other.rel)
         # From here on the destination changes: first take its manifest away (kept in
         # staging, so that a re-run still knows which old files to remove).
         manifest_path = f"{root}/{locations.MANIFEST}"
@@ -521,23 +575,20 @@ class StoreTarget:
             self._make_parent(fs, kept_manifest)
             fs.mv(manifest_path, kept_manifest)
         previous = _read_manifest(fs, kept_manifest)
-        for item in files:
-            if item.rel in in_place:
+        for rel, source, size, digest in moves:
+            if rel in in_place:
                 continue
-            final = f"{root}/{item.rel}"
+            final = f"{root}/{rel}"
             self._make_parent(fs, final)
-            fs.mv(f"{staging}/{item.rel}", final)
+            fs.mv(source, final)
             # Verified in staging already: a move inside the store is not downloaded again.
-            if not locations.object_matches(
-                fs, final, item.size, digests[item.rel], read_back=False
-            ):
+            if not locations.object_matches(fs, final, size, digest, read_back=False):
                 raise RemoteUnreachable(
-                    f"{self.url}: {item.rel} does not match its checksum after moving it "
-                    "into place",
+                    f"{self.url}: {rel} does not match its checksum after moving it into place",
                     "rerun the same command",
                 )
             self._written()
-        current = {item.rel for item in files}
+        current = {rel for rel, *_ in moves}
         for old in (previous or {}).get("files", []):
             if old.get("path") not in current:
                 with suppress(FileNotFoundError):  # already removed by an interrupted run
@@ -547,8 +598,8 @@ class StoreTarget:
             "lmctl_version": __version__,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "files": [
-                {"path": item.rel, "size": item.size, "sha256": digests[item.rel].sha256}
-                for item in files
+                {"path": rel, "size": size, "sha256": digest.sha256}
+                for rel, _, size, digest in moves
             ],
         }
         self._write_last(fs, staging, manifest_path, manifest)
@@ -556,14 +607,14 @@ class StoreTarget:
             fs.rm(staging, recursive=True)
         if self.verbose:
             self.console.info(
-                f"published {len(files)} files to {self.url} ({len(uploaded)} uploaded, "
+                f"published {len(moves)} files to {self.url} ({len(uploaded)} uploaded, "
                 f"{len(reused)} already verified)"
             )
         return {
             "destination": self.url,
             "manifest": f"{self.url}/{locations.MANIFEST}",
-            "files": [item.rel for item in files],
-            "bytes": sum(item.size for item in files),
+            "files": [rel for rel, *_ in moves],
+            "bytes": sum(size for _, _, size, _ in moves),
             "uploaded": uploaded,
             "reused": reused,
         }
@@ -572,11 +623,18 @@ class StoreTarget:
         self, fs: AbstractFileSystem, staging: str, final: str, manifest: dict[str, Any]
     ) -> None:
         """The manifest goes through staging too, so that it appears whole or not at all."""
-        body = (json.dumps(manifest, indent=2) + "\n").encode()
-        staged = f"{staging}/{locations.MANIFEST}"
+        self.write_json(fs, final, manifest, staged=f"{staging}/{locations.MANIFEST}")
+
+    def write_json(
+        self, fs: AbstractFileSystem, path: str, data: dict[str, Any], *, staged: str = ""
+    ) -> None:
+        """A small JSON object that appears whole or not at all: written beside (or at
+        ``staged``), then moved into place."""
+        staged = staged or f"{path}.{uuid.uuid4().hex}.tmp"
         self._make_parent(fs, staged)
-        fs.pipe_file(staged, body)
-        fs.mv(staged, final)
+        fs.pipe_file(staged, (json.dumps(data, indent=2) + "\n").encode())
+        self._make_parent(fs, path)
+        fs.mv(staged, path)
         self._written()
 
     def _written(self) -> None:

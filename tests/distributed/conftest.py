@@ -55,11 +55,12 @@ def kill_tree(proc: subprocess.Popen[str]) -> None:
 
 
 def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, "CI": "1", "OMP_NUM_THREADS": "1", **(extra or {})}
+    """This process's environment without a launcher's variables (those in ``extra`` stay)."""
+    env = {**os.environ, "CI": "1", "OMP_NUM_THREADS": "1"}
     env.pop("LMCTL_DEBUG", None)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    return env
+    return {**env, **(extra or {})}
 
 
 def start(
@@ -113,6 +114,41 @@ def kill_when(
         time.sleep(0.05)
     kill_tree(proc)
     proc.communicate()
+
+
+def rank_of(pid: int) -> str | None:
+    """The ``RANK`` a launcher gave process ``pid`` (None for a process it did not start)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in environ:
+        if item.startswith(b"RANK="):
+            return item[5:].decode()
+    return None
+
+
+def kill_rank_when(
+    procs: list[subprocess.Popen[str]],
+    rank: int,
+    ready: Callable[[], bool],
+    timeout: float = LAUNCH_TIMEOUT,
+) -> int:
+    """SIGKILL the process of ``rank`` (one of those the launches ``procs`` started) as soon
+    as ``ready()`` holds; the others run on. Returns its process id."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if any(proc.poll() is not None for proc in procs):
+            pytest.fail("a launch ended before the rank could be killed")
+        if time.monotonic() > deadline:
+            for proc in procs:
+                kill_tree(proc)
+            pytest.fail("the run never reached the point to kill a rank at")
+        time.sleep(0.05)
+    pids = [pid for proc in procs for pid in descendants(proc.pid) if rank_of(pid) == str(rank)]
+    assert pids, f"no process of rank {rank} found"
+    os.kill(pids[0], signal.SIGKILL)
+    return pids[0]
 
 
 def records(folder: Path, rank: int) -> list[tuple[int, ...]]:

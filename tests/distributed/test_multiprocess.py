@@ -22,6 +22,7 @@ from tests.distributed.conftest import (
     finish,
     lmctl_command,
     max_difference,
+    rank_of,
     records,
     results,
     run,
@@ -160,7 +161,7 @@ def test_a_signal_to_one_rank_stops_both_at_the_same_step(
     deadline = time.monotonic() + 300
     while len(records(seen, 1)) < 12 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    pids = [p for p in descendants(proc.pid) if _rank_of(p) == "1"]
+    pids = [p for p in descendants(proc.pid) if rank_of(p) == "1"]
     assert pids, "no rank-1 process found"
     os.kill(pids[0], signal.SIGTERM)  # one rank only: the launcher and rank 0 are not told
     done = finish(proc)
@@ -180,14 +181,3 @@ def test_a_non_finite_loss_on_one_rank_stops_both(
     proc = run(lmctl_command(*args, "--nproc", "2"), tmp_path, {"LMCTL_NAN_RANK": "1"})
     assert proc.returncode == 4, proc.stderr[-4000:]
     assert "loss is nan" in proc.stderr.lower()
-
-
-def _rank_of(pid: int) -> str | None:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    for item in environ:
-        if item.startswith(b"RANK="):
-            return item[5:].decode()
-    return None

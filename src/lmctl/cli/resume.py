@@ -106,20 +106,36 @@ def _command(run_dir: str, **values: Any) -> None:
     )
 
 
-def local_copy(path: str, console: Console, staging: str | None) -> tuple[Path, str | None]:
+def local_copy(path: str, console: Console, overrides: dict[str, Any]) -> tuple[Path, str | None]:
     """The local run directory to resume, and the storage URL of a remote one (whose newest
-    complete checkpoint is fetched first when this machine has no copy of it)."""
+    complete checkpoint is fetched first when this machine has no copy of it, and always
+    when the run spans several machines)."""
     from lmctl.run.resume import remote_location
     from lmctl.storage.paths import local_path
 
     location = remote_location(path)
     if location is None:
         return local_path(path), None
-    from lmctl.mirror import fetch_run
+    from lmctl.distributed import machine
+    from lmctl.mirror.fetch import fetch_run
     from lmctl.storage.locations import run_staging_dir
 
-    local = local_path(staging) if staging is not None else run_staging_dir(location)
-    return fetch_run(location, local, console), location
+    node, nodes = machine(_given_int(overrides, "node_rank", 0), _given_int(overrides, "nnodes", 1))
+    staging = overrides.get("staging_dir")
+    if staging is not None:
+        local = local_path(staging)
+    else:
+        local = run_staging_dir(location, node if nodes > 1 else None)
+    return fetch_run(location, local, console, whole=nodes > 1), location
+
+
+def _given_int(overrides: dict[str, Any], name: str, default: int) -> int:
+    """A number given on the command line, before the config validates it (which reports a
+    bad value by its flag)."""
+    try:
+        return int(overrides.get(name, default))
+    except ValueError:
+        return default
 
 
 def run_resume(
@@ -132,10 +148,11 @@ def run_resume(
     from lmctl.distributed import is_main_process
     from lmctl.run import rundir
     from lmctl.run.launch import relaunch
+    from lmctl.run.restarts import restarted
     from lmctl.run.resume import plan_resume, refuse_fixed_options
 
     refuse_fixed_options(forbidden, path)
-    run_dir, location = local_copy(path, console, overrides.get("staging_dir"))
+    run_dir, location = local_copy(path, console, overrides)
     plan = plan_resume(run_dir, overrides, console, location)
     if dry_run:
         described = plan.describe()
@@ -146,7 +163,7 @@ def run_resume(
         return {"dry_run": True, **described}
     relaunch(plan.config, console)
     console.info(f"resuming {location or run_dir} from {plan.checkpoint.name} (step {plan.step})")
-    if is_main_process():
+    if is_main_process() and not restarted():  # a restart is recorded as such
         rundir.append_metrics(
             run_dir, {"event": "resume", "step": plan.step, "checkpoint": plan.checkpoint.name}
         )

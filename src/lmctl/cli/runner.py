@@ -44,10 +44,13 @@ def run_command(
 def _run(
     body: Callable[[Console], dict[str, Any] | None], console: Console, command: str
 ) -> ExitCode:
+    from lmctl.run import restarts
+
     output = console.options
     secrets.register_environment()
     console.capture_warnings()
     sigterm_as_interrupt()
+    restarts.note_start()
     code = ExitCode.OK
     payload: dict[str, Any] | None = None
     try:
@@ -88,6 +91,7 @@ def _run(
             {"status": status, "exit_code": int(code), "command": command, **(payload or {})}
         )
     report_exit_code(code)
+    restarts.note_end(code, (payload or {}).get("error"))
     return code
 
 

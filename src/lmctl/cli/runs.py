@@ -18,7 +18,9 @@ from lmctl.errors import ConfigError
 HELP = """List the runs in a folder: objective, model, status, steps, eval loss, age.
 
 Status is finished, interrupted at step N (with the command that continues it) or failed.
-Perplexity is shown for language-modelling objectives, accuracy for swag.
+Perplexity is shown for language-modelling objectives, accuracy for swag. Each restart of
+a run by --max-restarts is listed below the table, with the step it continued from and
+its cause.
 
     lmctl runs
     lmctl runs /data/experiments --json
@@ -81,6 +83,15 @@ def run_runs(folder: str, console: Console) -> dict[str, Any]:
                 "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
                 for row in rows
             ]
+            restarted = [s for s in summaries if s.restarts]
+            if restarted:
+                lines += ["", "restarts:"]
+                lines += [
+                    f"  {Path(s.path).name}: restart {r['restart']} from step {r['step']} "
+                    f"after {r['cause']}"
+                    for s in restarted
+                    for r in s.restarts
+                ]
             waiting = [s for s in summaries if s.resume_command]
             if waiting:
                 lines += ["", "continue interrupted runs with:"]
@@ -103,7 +114,7 @@ def _remote_summaries(url: str) -> list[Any]:
     few small files a summary needs are fetched."""
     import tempfile
 
-    from lmctl.mirror import fetch_summary, find_remote_runs
+    from lmctl.mirror.fetch import fetch_summary, find_remote_runs
     from lmctl.run.resume import resume_command
     from lmctl.run.summary import summarize
     from lmctl.storage.locations import run_location_problem

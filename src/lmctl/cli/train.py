@@ -183,6 +183,7 @@ def run_train(
     console: Console,
 ) -> dict[str, Any]:
     from lmctl.run.launch import relaunch
+    from lmctl.run.restarts import continue_after_restart
     from lmctl.run.rundir import check_output_dir
 
     objective = get_objective(name)
@@ -197,6 +198,7 @@ def run_train(
             console.write(yaml.safe_dump(resolved, sort_keys=False))
         return {"dry_run": True, "config": resolved}
     relaunch(config, console)
+    config = continue_after_restart(config)
     if is_main_process():
         check_output_dir(config)
     from lmctl.engine import train

@@ -450,6 +450,13 @@ class TrainConfig(StrictModel):
         "(accelerate launch).",
         panel=PANEL_SCALE,
     )
+    max_restarts: int = option(
+        0,
+        "With --nproc: when a process fails, restart every process from the newest complete "
+        "checkpoint, up to N times (torchrun's elastic agent).",
+        panel=PANEL_SCALE,
+        ge=0,
+    )
     deepspeed: str | None = option(
         None,
         "DeepSpeed ZeRO: a DeepSpeed config JSON file, or 1, 2 or 3 for the shipped config of "
@@ -738,16 +745,6 @@ class TrainConfig(StrictModel):
         from lmctl.storage.locations import run_location_problem
 
         found = [run_location_problem("--output-dir", self.output_dir)]
-        if found[0] is None and url_scheme(self.output_dir or "") is not None and self.nnodes > 1:
-            found.append(
-                (
-                    f"--output-dir {self.output_dir}: a storage URL as the run directory of "
-                    f"--nnodes {self.nnodes} is not supported yet (only the first machine's "
-                    "part of each checkpoint would be uploaded)",
-                    "give a directory on a disk that every machine shares, or train on one "
-                    "machine (--nproc N)",
-                )
-            )
         found.append(
             local_folder_problem(
                 "--resume-from-checkpoint",
@@ -779,7 +776,7 @@ class TrainConfig(StrictModel):
     def _check_scale(self, problems: Problems) -> None:
         """Launcher, sharding and adapter rules (see ``lmctl.run.launch`` and the engines)."""
         if self.nproc is None:
-            for name in ("nnodes", "node_rank", "master_addr", "master_port"):
+            for name in ("nnodes", "node_rank", "master_addr", "master_port", "max_restarts"):
                 if self._changed(name):
                     problems.add(
                         f"{flag_name(name)} only applies with --nproc",

@@ -18,9 +18,11 @@ from lmctl.distributed import is_main_process, world_size
 from lmctl.engine.common import NonFiniteLoss, check_world_size
 from lmctl.errors import ConfigError, Interrupted, LmctlError, TrainingFailed
 from lmctl.metrics import loss_metrics
-from lmctl.mirror import mirror_for
+from lmctl.mirror.fetch import sync_checkpoints
+from lmctl.mirror.upload import mirror_for
 from lmctl.run import rundir
 from lmctl.run.plots import write_loss_plot
+from lmctl.run.restarts import record_restart, restarted
 from lmctl.run.resume import resume_command
 from lmctl.run.signals import graceful_stop
 from lmctl.storage import atomic
@@ -28,7 +30,7 @@ from lmctl.storage import atomic
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
     from lmctl.console import Console
-    from lmctl.mirror import RunMirror
+    from lmctl.mirror.upload import RunMirror
     from lmctl.objectives.base import Objective
     from lmctl.publish import PushAfterTraining
 
@@ -63,7 +65,10 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         publication = PushAfterTraining(config, console)
         publication.check()  # a permission problem fails now, not after training
     run_dir = rundir.local_run_dir(config)
-    mirror = mirror_for(config, run_dir, console) if main else None
+    if rundir.per_machine_copies(config) and config.resume_from_checkpoint == "auto":
+        assert config.output_dir is not None
+        sync_checkpoints(config.output_dir, run_dir, console)
+    mirror = mirror_for(config, run_dir, console)
     if mirror is not None:
         mirror.check()  # a permission problem, or another run there, fails now
     with mirror.uploading() if mirror is not None else contextlib.nullcontext():
@@ -103,6 +108,8 @@ def _train(
                 f"entries lmctl did not write: {', '.join(others)}"
             )
         rundir.write_config(run_dir, config)
+        if restarted():
+            record_restart(run_dir, rundir.resume_checkpoint(config), console)
     console.info(f"run directory: {shown}")
     trackers_existed = (run_dir / "runs").exists()
     with graceful_stop() as stop:

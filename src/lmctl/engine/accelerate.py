@@ -179,6 +179,8 @@ class AccelerateRun:
         self.stop = stop
         self.accelerator = make_accelerator(config, self.run_dir)
         self.is_main = bool(self.accelerator.is_main_process)
+        #: Renames each checkpoint into place (see lmctl.run.rundir.commits_checkpoints).
+        self.commits_checkpoints = rundir.commits_checkpoints(config)
         self.reporter = StepReporter(console, self.run_dir, stop, is_main=self.is_main)
         if config.report_to:
             self.accelerator.init_trackers(
@@ -634,7 +636,7 @@ class AccelerateRun:
         state.stateful_callbacks = extra
         final = self.run_dir / f"checkpoint-{state.global_step}"
         staging = atomic.staging_dir(final, owner="accelerate")
-        if self.is_main:
+        if self.commits_checkpoints:
             atomic.begin_staging(final, owner="accelerate")
         acc.wait_for_everyone()
         acc.save_state(str(staging))
@@ -652,6 +654,7 @@ class AccelerateRun:
                     time.time() - self._start,
                 ).record(state)
             rundir.write_state(state, staging)
+        if self.commits_checkpoints:
             rundir.commit_dir(staging, final)
             rundir.rotate_checkpoints(self.run_dir, self.config.save_total_limit)
         acc.wait_for_everyone()

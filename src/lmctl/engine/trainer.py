@@ -202,6 +202,10 @@ def _make_trainer_class() -> type:
         #: With --streaming, the StreamPosition callback that checkpoints record.
         stream_position: Any = None
         save_total_limit: int | None = None
+        #: Whether this process renames each checkpoint into place (see
+        #: lmctl.run.rundir.commits_checkpoints): the main process writes the trainer state,
+        #: the first process of another machine commits that machine's part.
+        commits_checkpoints: bool = False
         #: Tokens per training sample, to batch samples of similar length together.
         train_lengths: list[int] | None = None
         #: The run's training totals before this session (None: unknown).
@@ -238,9 +242,10 @@ def _make_trainer_class() -> type:
                 self.store_flos()
             run_dir = Path(self._get_output_dir(trial=trial))
             final = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            # Every process writes its part (RNG state, shards) into the same staging folder.
+            # Every process writes its part (RNG state, shards) into the same staging folder
+            # (its machine's, where every machine keeps its own copy of the run).
             staging = atomic.staging_dir(final, owner="trainer")
-            if self.args.should_save:
+            if self.commits_checkpoints:
                 atomic.begin_staging(final, owner="trainer")
             self.accelerator.wait_for_everyone()
             self.save_model(str(staging), _internal_call=True)
@@ -275,11 +280,12 @@ def _make_trainer_class() -> type:
                         self.state.global_step, session_loss, time.time() - self._session_start
                     ).record(self.state)
                 rundir.write_state(self.state, staging)
+            if self.commits_checkpoints:
                 rundir.commit_dir(staging, final)
             self.accelerator.wait_for_everyone()
             if self.args.push_to_hub:
                 self._push_from_checkpoint(str(final))
-            if self.args.should_save:
+            if self.commits_checkpoints:
                 best_checkpoint = self.state.best_model_checkpoint
                 rundir.rotate_checkpoints(
                     run_dir,
@@ -488,6 +494,7 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
     from transformers import PrinterCallback
 
     from lmctl.metrics import reduce_logits
+    from lmctl.run import rundir
 
     config = prepared.config
     args = training_arguments(config, prepared.run_dir, prepared.fast_paths)
@@ -511,6 +518,7 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
     reporting.agree = lambda requested: any_process(trainer.accelerator, requested)
     trainer.eval_collator = prepared.eval_collator
     trainer.save_total_limit = config.save_total_limit
+    trainer.commits_checkpoints = rundir.commits_checkpoints(config)
     trainer.train_lengths = prepared.train_lengths
     trainer.remove_callback(PrinterCallback)
     if config.streaming:

@@ -3,6 +3,13 @@
 lmctl never starts processes of its own: it builds the command line of the real launcher,
 shows it, and replaces itself with it. The launched processes see the launcher's
 environment (``RANK``, ``WORLD_SIZE``) and run the command as one rank each.
+
+``--max-restarts N`` hands failures to torchrun's elastic agent (``accelerate launch`` runs
+the same agent): when a process fails, the agent stops the others and starts every process
+again, up to N times. The restarted processes continue from the newest complete checkpoint
+(see :mod:`lmctl.run.restarts`). The processes then meet through torch's elastic rendezvous
+(``c10d``: at ``--master-addr`` on several machines, so that the machines restart together),
+in a new store after every restart (:data:`ELASTIC_ENVIRONMENT`).
 """
 
 from __future__ import annotations
@@ -28,11 +35,24 @@ if TYPE_CHECKING:
     from lmctl.console import Console
 
 #: Options that say how to launch; the launched processes get the command without them.
-LAUNCH_FIELDS = ("nproc", "nnodes", "node_rank", "master_addr", "master_port", "launcher")
+LAUNCH_FIELDS = (
+    "nproc",
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+    "launcher",
+    "max_restarts",
+)
 #: Where the launched main process writes its exit code for the process that launched it.
 EXIT_FILE_ENV = "LMCTL_EXIT_FILE"
 #: The port of the first machine when --nnodes is above 1 and --master-port is not given.
 DEFAULT_PORT = 29500
+#: With restarts: by default torch's elastic rendezvous keeps one store for every attempt,
+#: with the previous attempt's addresses in it, and a restarted process may connect to one of
+#: those and hang or fail (8 of 14 restarts of two CPU processes with gloo, tried on one
+#: machine); this makes each attempt meet in a store of its own.
+ELASTIC_ENVIRONMENT = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def launcher_command(config: TrainConfig, arguments: list[str]) -> list[str]:
@@ -41,6 +61,8 @@ def launcher_command(config: TrainConfig, arguments: list[str]) -> list[str]:
     assert config.nproc is not None
     python = sys.executable
     port = config.master_port
+    # Machines that restart together meet through the elastic rendezvous, not a fixed one.
+    elastic = config.max_restarts > 0 and config.nnodes > 1
     if config.launcher == "accelerate":
         command = [python, "-m", "accelerate.commands.launch"]
         command += ["--num_processes", str(config.nproc * config.nnodes)]
@@ -51,15 +73,43 @@ def launcher_command(config: TrainConfig, arguments: list[str]) -> list[str]:
             command += ["--main_process_ip", config.master_addr]
         if port is not None or config.nnodes > 1:
             command += ["--main_process_port", str(port or DEFAULT_PORT)]
+        if config.max_restarts:
+            command += ["--max_restarts", str(config.max_restarts)]
+        if elastic:
+            command += ["--rdzv_backend", "c10d", "--rdzv_conf", _rendezvous_host(config)]
     else:
         command = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(config.nproc)]
         if config.nnodes == 1 and port is None:
             command.append("--standalone")  # a free port on this machine
+        elif elastic:
+            endpoint = f"{config.master_addr}:{port or DEFAULT_PORT}"
+            command += ["--nnodes", str(config.nnodes)]
+            command += ["--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint]
+            command += ["--rdzv_conf", _rendezvous_host(config)]
         else:
             command += ["--nnodes", str(config.nnodes), "--node_rank", str(config.node_rank)]
             command += ["--master_addr", config.master_addr or "127.0.0.1"]
             command += ["--master_port", str(port or DEFAULT_PORT)]
+        if config.max_restarts:
+            command += ["--max_restarts", str(config.max_restarts)]
     return [*command, "-m", "lmctl", *without_launch_options(arguments)]
+
+
+def _rendezvous_host(config: TrainConfig) -> str:
+    """The machine of --node-rank 0 (at --master-addr) hosts the elastic rendezvous; torch
+    would otherwise let any machine whose address matches try, several on one host too."""
+    return f"is_host={int(config.node_rank == 0)}"
+
+
+def launcher_environment(config: TrainConfig) -> dict[str, str]:
+    """The environment the launcher command needs besides its options."""
+    if not config.max_restarts:
+        return {}
+    if config.launcher == "accelerate" and config.nnodes == 1:
+        # torchrun's --standalone (the elastic rendezvous on a free port of this machine),
+        # which accelerate launch takes only from torchrun's environment variable.
+        return {**ELASTIC_ENVIRONMENT, "PET_STANDALONE": "1"}
+    return dict(ELASTIC_ENVIRONMENT)
 
 
 def without_launch_options(arguments: list[str]) -> list[str]:
@@ -84,7 +134,9 @@ def relaunch(config: TrainConfig, console: Console) -> None:
     if config.nproc is None or launched():
         return
     command = launcher_command(config, sys.argv[1:])
-    console.info("running: " + shlex.join(command))
+    environment = launcher_environment(config)
+    shown = [f"{name}={value}" for name, value in environment.items()]
+    console.info("running: " + shlex.join([*shown, *command]))
     sys.stdout.flush()
     sys.stderr.flush()
     handle, exit_file = tempfile.mkstemp(prefix="lmctl-exit-")
@@ -95,7 +147,7 @@ def relaunch(config: TrainConfig, console: Console) -> None:
             # file descriptor 1 to stderr meanwhile, see lmctl.console.own_stdout).
             launcher = subprocess.Popen(
                 command,
-                env={**os.environ, EXIT_FILE_ENV: exit_file},
+                env={**os.environ, **environment, EXIT_FILE_ENV: exit_file},
                 stdout=_result_stream(console),
             )
         except OSError as exc:

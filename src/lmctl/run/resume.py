@@ -17,6 +17,7 @@ from lmctl.config.fields import flag_name
 from lmctl.errors import ConfigError
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import rundir
+from lmctl.run.launch import LAUNCH_FIELDS
 from lmctl.storage import atomic
 from lmctl.storage.paths import is_remote, local_path, url_scheme
 
@@ -40,14 +41,9 @@ RESUME_OVERRIDES = (
     "do_eval",
     "per_device_eval_batch_size",
     "report_to",
-    # Where the processes run (each machine of a multi-node run resumes with its own rank);
-    # a checkpoint refuses to continue on another number of processes.
-    "nproc",
-    "nnodes",
-    "node_rank",
-    "master_addr",
-    "master_port",
-    "launcher",
+    # Where and how the processes run (each machine of a multi-node run resumes with its own
+    # rank); a checkpoint refuses to continue on another number of processes.
+    *LAUNCH_FIELDS,
     # Where a remote run directory's local copy is (it holds what was not uploaded yet).
     "staging_dir",
 )

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl import __version__, secrets
+from lmctl import __version__, distributed, secrets
 from lmctl.console import finite, json_text
 from lmctl.errors import ConfigError
 from lmctl.storage import atomic
@@ -68,9 +68,24 @@ def is_remote_run(config: TrainConfig) -> bool:
     return config.output_dir is not None and url_scheme(config.output_dir) is not None
 
 
+def per_machine_copies(config: TrainConfig) -> bool:
+    """Whether every machine writes its own local copy of the run: a storage URL as the run
+    directory of a run on several machines (see :mod:`lmctl.mirror`)."""
+    return is_remote_run(config) and distributed.nodes() > 1
+
+
+def commits_checkpoints(config: TrainConfig) -> bool:
+    """Whether this process renames each checkpoint into place: the main process, and with
+    per-machine copies the first process of every other machine (its machine's part, which
+    has no trainer state of its own: it is uploaded, never resumed from by itself)."""
+    if distributed.is_main_process():
+        return True
+    return per_machine_copies(config) and distributed.local_rank() == 0
+
+
 def local_run_dir(config: TrainConfig) -> Path:
     """The folder the run is written into: --output-dir itself, or for a storage URL its
-    local copy (--staging-dir, by default a folder per URL in the cache)."""
+    local copy (--staging-dir, by default a folder per URL, and machine, in the cache)."""
     assert config.output_dir is not None
     if not is_remote_run(config):
         return Path(config.output_dir)
@@ -78,7 +93,8 @@ def local_run_dir(config: TrainConfig) -> Path:
         return local_path(config.staging_dir)
     from lmctl.storage.locations import run_staging_dir
 
-    return run_staging_dir(config.output_dir)
+    node = distributed.node_rank() if distributed.nodes() > 1 else None
+    return run_staging_dir(config.output_dir, node)
 
 
 def check_output_dir(config: TrainConfig) -> None:

@@ -1,7 +1,9 @@
 """Ctrl-C and SIGTERM (preemption): finish the current step, checkpoint, then stop.
 
 The first signal only raises a flag that the engine checks after every optimizer step; a
-second one aborts at once.
+second Ctrl-C aborts at once. A second SIGTERM does not: a pre-emption often reaches a
+process twice, from the cluster and from its launcher (torchrun passes SIGTERM on to its
+processes), and the checkpoint is still written; what must stop at once gets SIGKILL.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
-            raise KeyboardInterrupt
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return
         self.signal_name = signal.Signals(signum).name
 
 

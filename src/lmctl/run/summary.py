@@ -1,8 +1,8 @@
 """What a run directory says about its run: loss curves, status and headline numbers.
 
 Read by ``lmctl runs``, the end-of-training sparklines and ``loss.png``. Light: JSON and YAML
-only. The curves come from ``metrics.jsonl``; a resumed run logged its steps after the
-checkpoint again, and those later records replace the earlier ones.
+only. The curves come from ``metrics.jsonl``; a resumed (or restarted) run logged its steps
+after the checkpoint again, and those later records replace the earlier ones.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from lmctl.run import rundir
 from lmctl.run.resume import resume_command
 
 Point = tuple[int, float]
+#: Events after which a run continued from a checkpoint: ``lmctl resume``, and a restart by
+#: the elastic agent (see lmctl.run.restarts).
+CONTINUED = ("resume", "restart")
 
 
 @dataclass
@@ -59,7 +62,7 @@ def read_curves(run_dir: Path) -> Curves:
         step = record.get("step")
         if not isinstance(step, int):
             continue
-        if record.get("event") == "resume":
+        if record.get("event") in CONTINUED:
             for points in series.values():
                 for later in [s for s in points if s > step]:
                     del points[later]
@@ -101,6 +104,8 @@ class RunSummary:
     accuracy: float | None
     age_seconds: float
     resume_command: str | None = None
+    #: Each restart by the elastic agent: its number, the step it continued from, its cause.
+    restarts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -142,7 +147,7 @@ def summarize(run_dir: Path, now: float | None = None) -> RunSummary:
     checkpoint = rundir.latest_checkpoint(run_dir)
     checkpoint_step = rundir.checkpoint_step(checkpoint) if checkpoint else None
     records = read_records(run_dir)
-    failed = next((r for r in reversed(records) if r.get("event") in ("failed", "resume")), None)
+    failed = next((r for r in reversed(records) if r.get("event") in ("failed", *CONTINUED)), None)
     results = rundir.load_results(run_dir)
     finished_step = state.get("global_step")
     step: int | None
@@ -193,6 +198,11 @@ def summarize(run_dir: Path, now: float | None = None) -> RunSummary:
         accuracy=accuracy,
         age_seconds=round(age, 1),
         resume_command=resume_command(run_dir) if interrupted else None,
+        restarts=[
+            {key: record.get(key) for key in ("restart", "step", "cause")}
+            for record in records
+            if record.get("event") == "restart"
+        ],
     )
 
 

@@ -15,32 +15,48 @@ Training waits for an upload only when the next checkpoint is ready before the p
 is uploaded (so that a rotation never deletes a checkpoint still being read). With
 ``--save-total-limit`` the oldest complete checkpoints in the store are deleted (manifest
 first), never the newest complete one; leftovers of an interrupted upload older than it are
-deleted too. A failed upload is tried again with a doubling wait; when it keeps failing the
-run stops with exit code 6 (7 when the credentials are refused) and its local copy is kept,
-to be continued with ``lmctl resume URL``.
+deleted too, and a resumed run deletes those newer than it. A failed upload is tried again
+with a doubling wait; when it keeps failing the run stops with exit code 6 (7 when the
+credentials are refused) and its local copy is kept, to be continued with
+``lmctl resume URL``.
 
-:func:`fetch_run` brings a remote run's files and its newest complete checkpoint to a local
-copy (``lmctl resume URL`` on a machine that has none), and :func:`fetch_summaries` the few
-small files that ``lmctl runs URL`` reads.
+Several machines (``--nnodes``): each writes its own local copy (by default one folder per
+URL and machine rank), and the first process of each machine commits its machine's part of
+every checkpoint there. The main process uploads the run and each checkpoint as above, and
+first lists the files it publishes (``node-0.json`` in ``.lmctl-parts/`` below the
+checkpoint's staging prefix). The first process of every other machine
+(:class:`MachinePart`) then uploads the files of its machine's part that are not on that
+list (its processes' RNG states and sharded optimizer states) into ``.lmctl-parts/node-K/``,
+verified, and writes its marker ``node-K.json`` last. The main process waits for every
+machine's marker and moves their files into the checkpoint with its own, so that the
+manifest, written last as always, marks the checkpoint of every machine complete. A resume
+on several machines takes the store's newest complete checkpoint whole on each
+(:func:`lmctl.mirror.fetch.sync_checkpoints`); a machine's local copy alone is never
+resumed from. Reading a run directory in a store back is :mod:`lmctl.mirror.fetch`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from lmctl import distributed
 from lmctl.errors import ConfigError, LmctlError, PermissionDenied, RemoteUnreachable
-from lmctl.publish import LocalFile, StoreTarget, human_size, select_files
+from lmctl.mirror.fetch import is_complete, names_in, newest_complete
+from lmctl.publish import LocalFile, StagedFile, StoreTarget, human_size, select_files
 from lmctl.run import rundir
-from lmctl.storage import atomic, locations
+from lmctl.storage import locations
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -55,14 +71,13 @@ DEFAULT_ATTEMPTS = 5
 DEFAULT_BACKOFF = 2.0
 #: Written while the run trains (the trackers' logs go up at the end, once closed).
 _LIVE_LEAVE_OUT = ("runs",)
-#: What ``lmctl runs URL`` reads of a run: small files only.
-_SUMMARY_FILES = (
-    rundir.CONFIG_FILE,
-    rundir.METRICS_LOG,
-    rundir.STATE_FILE,
-    "all_results.json",
-    rundir.RUN_MARKER,
-)
+#: Below a checkpoint's staging prefix: each machine's part, and the marker of each.
+PARTS = ".lmctl-parts"
+#: How long one machine waits for another's part of a checkpoint (seconds).
+PART_TIMEOUT_ENV = "LMCTL_PART_TIMEOUT"
+DEFAULT_PART_TIMEOUT = 3600.0
+#: The staging prefix of a checkpoint's upload (see StoreTarget.staging_path).
+_STAGED_CHECKPOINT = re.compile(r"^\.(checkpoint-\d+)\.lmctl-staging$")
 
 T = TypeVar("T")
 
@@ -96,8 +111,12 @@ class RunMirror:
             f" --staging-dir {run_dir}" if config.staging_dir is not None else ""
         )
         self.failed: LmctlError | None = None
+        #: Machines whose parts make up each checkpoint.
+        self.nodes = distributed.nodes()
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
+        #: Set when the run stops: an upload waiting for another machine gives up.
+        self._stopping = threading.Event()
 
     # Before the run ---------------------------------------------------------------------
 
@@ -105,11 +124,14 @@ class RunMirror:
         """Write access, and no other run at the URL unless this one continues it."""
         StoreTarget(self.location, self.console, verbose=False).check_access()
         self.console.info(f"{self.url}: write access checked")
-        if self.resuming:
-            return
         try:
             fs, root = locations.open_location(self.location)
-            found = self._names(fs, root)
+            found = names_in(fs, root)
+            if self.resuming:
+                self._discard_unfinished(fs, root, found)
+                return
+        except LmctlError:
+            raise
         except Exception as exc:
             raise locations.failure(exc, self.url) from exc
         if found & {rundir.CONFIG_FILE, locations.MANIFEST} or any(
@@ -120,13 +142,15 @@ class RunMirror:
                 f"continue it with 'lmctl resume {self.url}', or choose a new --output-dir",
             )
 
-    @staticmethod
-    def _names(fs: AbstractFileSystem, root: str) -> set[str]:
-        fs.invalidate_cache(root)
-        try:
-            return {name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)}
-        except FileNotFoundError:
-            return set()
+    def _discard_unfinished(self, fs: AbstractFileSystem, root: str, names: set[str]) -> None:
+        """Before a resumed run uploads again: the leftovers of uploads newer than the newest
+        complete checkpoint (their machines' parts above all) go, so that none is taken for
+        a part of the checkpoint that the resumed run saves under the same step."""
+        newest = newest_complete(fs, root, names)
+        for name in names:
+            match = _STAGED_CHECKPOINT.match(name)
+            if match and (newest is None or rundir.checkpoint_step(Path(match[1])) > newest):
+                fs.rm(f"{root}/{name}", recursive=True)
 
     # While it runs ----------------------------------------------------------------------
 
@@ -143,6 +167,7 @@ class RunMirror:
         try:
             yield self
         except BaseException:
+            self._stopping.set()
             if self.failed is None:
                 self._flush_quietly()
             raise
@@ -156,9 +181,13 @@ class RunMirror:
         waited = self._wait()
         if waited > 0.05:
             self.console.info(f"waited {waited:.1f} s for the previous checkpoint's upload")
-        snapshot = self._snapshot()
+        upload = self._upload_of(checkpoint)
         assert self._executor is not None
-        self._pending = self._executor.submit(self._upload_checkpoint, checkpoint, snapshot)
+        self._pending = self._executor.submit(upload)
+
+    def _upload_of(self, checkpoint: Path) -> Callable[[], None]:
+        """The upload of a checkpoint, with what it needs from the training thread now."""
+        return partial(self._upload_checkpoint, checkpoint, self._snapshot())
 
     def finish(self) -> None:
         """The run wrote everything: its files go up after the last checkpoint."""
@@ -216,7 +245,8 @@ class RunMirror:
                 checkpoint, include_checkpoints=False, include_optimizer=True, require_model=False
             )
             files = selection.files
-            self._retrying(checkpoint.name, lambda: self._publish(checkpoint.name, files))
+            parts = self._parts_of(checkpoint.name, files)
+            self._retrying(checkpoint.name, lambda: self._publish(checkpoint.name, files, parts))
             self._retrying(f"{checkpoint.name} rotation", self._rotate_remote)
             run_files = self._run_files(final=False, root=snapshot)
             self._retrying("the run's files", lambda: self._publish("", run_files))
@@ -231,10 +261,70 @@ class RunMirror:
         finally:
             shutil.rmtree(snapshot, ignore_errors=True)
 
-    def _publish(self, rel: str, files: list[LocalFile]) -> dict[str, Any]:
+    def _publish(
+        self, rel: str, files: list[LocalFile], parts: tuple[StagedFile, ...] = ()
+    ) -> dict[str, Any]:
+        return self._target(rel).publish(files, parts)
+
+    def _target(self, rel: str) -> StoreTarget:
         location = _child(self.location, rel) if rel else self.location
-        target = StoreTarget(location, self.console, verbose=False, access_checked=True)
-        return target.publish(files)
+        return StoreTarget(location, self.console, verbose=False, access_checked=True)
+
+    def _parts_prefix(self, name: str) -> tuple[AbstractFileSystem, str]:
+        """Where the machines' parts of checkpoint ``name`` are staged."""
+        target = self._target(name)
+        fs, root = locations.open_location(target.location)
+        return fs, f"{target.staging_path(root)}/{PARTS}"
+
+    def _parts_of(self, name: str, files: list[LocalFile]) -> tuple[StagedFile, ...]:
+        """The other machines' parts of checkpoint ``name``, once each is staged: this
+        process lists its own files first, and the others leave those out."""
+        if self.nodes == 1:
+            return ()
+        fs, prefix = self._parts_prefix(name)
+        own = {item.rel for item in files}
+        self._retrying(
+            f"{name}'s file list",
+            lambda: self._target(name).write_json(
+                fs, f"{prefix}/node-0.json", {"files": sorted(own)}
+            ),
+        )
+        parts: list[StagedFile] = []
+        for node in range(1, self.nodes):
+            what = f"machine {node}'s part of {name}"
+            marker = self._await(fs, f"{prefix}/node-{node}.json", what)
+            for item in marker.get("files", []):
+                if item["path"] in own:
+                    continue
+                digests = locations.Digests(item["sha256"], item["md5"])
+                path = f"{prefix}/node-{node}/{item['path']}"
+                parts.append(StagedFile(item["path"], path, item["size"], digests))
+        return tuple(parts)
+
+    def _await(self, fs: AbstractFileSystem, path: str, what: str) -> dict[str, Any]:
+        """The JSON object another machine writes at ``path``, once it is there."""
+        try:
+            timeout = float(os.environ.get(PART_TIMEOUT_ENV, DEFAULT_PART_TIMEOUT))
+        except ValueError:
+            timeout = DEFAULT_PART_TIMEOUT
+        deadline = time.monotonic() + timeout
+        while not self._stopping.is_set():
+            fs.invalidate_cache(path)
+            with suppress(FileNotFoundError, ValueError):
+                with fs.open(path, "rb") as handle:
+                    data = json.loads(handle.read())
+                if isinstance(data, dict):
+                    return data
+            if time.monotonic() > deadline:
+                raise RemoteUnreachable(
+                    f"{what} did not reach {self.url} within {timeout:g} s; the run stopped "
+                    f"and its local copy is kept in {self.local}",
+                    f"check that machine's log, then continue with: {self.resume}",
+                )
+            time.sleep(0.2)
+        raise RemoteUnreachable(
+            f"the run stopped before {what} reached {self.url}", f"continue with: {self.resume}"
+        )
 
     def _retrying(self, what: str, action: Callable[[], T]) -> T:
         attempts, wait = _attempts()
@@ -269,10 +359,10 @@ class RunMirror:
         fs, root = locations.open_location(self.location)
         steps = {
             int(match.group(1)): f"{root}/{name}"
-            for name in self._names(fs, root)
+            for name in names_in(fs, root)
             if (match := rundir.CHECKPOINT_PATTERN.match(name))
         }
-        complete = sorted(s for s, path in steps.items() if _is_complete(fs, path))
+        complete = sorted(s for s, path in steps.items() if is_complete(fs, path))
         if not complete:
             return
         keep = set(complete[-self.limit :]) if self.limit else set(complete)
@@ -286,129 +376,71 @@ class RunMirror:
             self.console.info(f"deleted {path.rsplit('/', 1)[-1]} from {self.url}")
 
 
+class MachinePart(RunMirror):
+    """On a machine other than the first, in its first process: uploads the machine's part of
+    each checkpoint for the main process to publish (see the module's description)."""
+
+    def check(self) -> None:
+        StoreTarget(self.location, self.console, verbose=False).check_access()
+
+    def finish(self) -> None:
+        self._wait()
+
+    def _flush_quietly(self) -> None:
+        try:
+            self._wait()
+        except LmctlError as exc:
+            self.console.warn(f"{exc.message}; the local copy stays in {self.local}")
+
+    def _upload_of(self, checkpoint: Path) -> Callable[[], None]:
+        return partial(self._upload_part, checkpoint)
+
+    def _upload_part(self, checkpoint: Path) -> None:
+        node = distributed.node_rank()
+        try:
+            fs, prefix = self._parts_prefix(checkpoint.name)
+            listed = self._await(
+                fs, f"{prefix}/node-0.json", f"the first machine's list of {checkpoint.name}"
+            )
+            theirs = set(listed.get("files", []))
+            selection = select_files(
+                checkpoint,
+                include_checkpoints=False,
+                include_optimizer=True,
+                require_model=False,
+                machine_part=True,
+            )
+            files = [item for item in selection.files if item.rel not in theirs]
+            target = self._target(checkpoint.name)
+
+            def send() -> None:
+                staged = []
+                for item in files:
+                    digests = locations.file_digests(item.path)
+                    remote = f"{prefix}/node-{node}/{item.rel}"
+                    if not locations.object_matches(fs, remote, item.size, digests):
+                        target.upload_verified(fs, item, remote, digests)
+                    staged.append(
+                        {"path": item.rel, "size": item.size, "sha256": digests.sha256,
+                         "md5": digests.md5}
+                    )  # fmt: skip
+                target.write_json(fs, f"{prefix}/node-{node}.json", {"files": staged})
+
+            self._retrying(f"machine {node}'s part of {checkpoint.name}", send)
+            self.console.info(f"uploaded machine {node}'s part of {checkpoint.name} to {self.url}")
+        except LmctlError as exc:
+            self.failed = exc
+            raise
+
+
 def mirror_for(config: TrainConfig, run_dir: Path, console: Console) -> RunMirror | None:
-    """The mirror of a run whose --output-dir is a storage URL (None for a local one)."""
-    return RunMirror(config, run_dir, console) if rundir.is_remote_run(config) else None
-
-
-# Reading a remote run -------------------------------------------------------------------
-
-
-def _is_complete(fs: AbstractFileSystem, path: str) -> bool:
-    fs.invalidate_cache(path)
-    return bool(fs.exists(f"{path}/{locations.MANIFEST}"))
-
-
-def _manifest(fs: AbstractFileSystem, path: str) -> dict[str, Any] | None:
-    try:
-        with fs.open(f"{path}/{locations.MANIFEST}", "rb") as handle:
-            data = json.loads(handle.read())
-    except FileNotFoundError:
+    """The mirror of a run whose --output-dir is a storage URL, in the process that uploads:
+    the main process, and the first process of every other machine (its part of each
+    checkpoint). None for a local run directory and in the other processes."""
+    if not rundir.is_remote_run(config):
         return None
-    return data if isinstance(data, dict) else None
-
-
-def _fetch_listed(
-    fs: AbstractFileSystem, root: str, manifest: dict[str, Any], target: Path, where: str
-) -> None:
-    for item in manifest.get("files", []):
-        locations.download_file(
-            fs, f"{root}/{item['path']}", target / item["path"], item.get("sha256"), where
-        )
-
-
-def fetch_run(url: str, local: Path, console: Console) -> Path:
-    """The local copy of the remote run at ``url`` in ``local``, with its newest complete
-    checkpoint (each file checked against the checkpoint's manifest). A local copy that this
-    machine already has is kept (it is at least as new as the store); only a checkpoint it
-    lacks is downloaded."""
-    location = locations.parse_location(url, "RUN_DIR", destination=False)
-    try:
-        fs, root = locations.open_location(location)
-        return _fetch_run(fs, root, url.rstrip("/"), local, console)
-    except LmctlError:
-        raise
-    except Exception as exc:
-        raise locations.failure(exc, url) from exc
-
-
-def _fetch_run(fs: AbstractFileSystem, root: str, url: str, local: Path, console: Console) -> Path:
-    names = RunMirror._names(fs, root)
-    manifest = _manifest(fs, root)
-    if manifest is None or rundir.CONFIG_FILE not in names:
-        raise ConfigError(
-            f"{url} is not a run directory that lmctl uploaded (no {rundir.CONFIG_FILE} and "
-            f"{locations.MANIFEST})",
-            "give the --output-dir of an 'lmctl train' run",
-        )
-    if not (local / rundir.CONFIG_FILE).is_file():
-        console.info(f"fetching the run {url} into {local}")
-        local.mkdir(parents=True, exist_ok=True)
-        _fetch_listed(fs, root, manifest, local, url)
-    steps = sorted(
-        int(match.group(1))
-        for name in names
-        if (match := rundir.CHECKPOINT_PATTERN.match(name)) and _is_complete(fs, f"{root}/{name}")
-    )
-    if not steps:
-        return local
-    name = f"checkpoint-{steps[-1]}"
-    have = rundir.latest_checkpoint(local)
-    if have is not None and rundir.checkpoint_step(have) >= steps[-1]:
-        return local
-    listed = _manifest(fs, f"{root}/{name}") or {}
-    started = time.monotonic()
-    with atomic.atomic_dir(local / name, owner="fetch") as staging:
-        _fetch_listed(fs, f"{root}/{name}", listed, staging, url)
-    rundir.record_written(local, name)
-    console.info(f"fetched {name} from {url} in {time.monotonic() - started:.1f} s")
-    return local
-
-
-def find_remote_runs(url: str) -> list[str]:
-    """The runs at ``url``: the run itself, or the runs one level below it."""
-    location = locations.parse_location(url, "DIR", destination=False)
-    try:
-        fs, root = locations.open_location(location)
-        names = RunMirror._names(fs, root)
-        if rundir.CONFIG_FILE in names:
-            return [url.rstrip("/")]
-        return sorted(
-            f"{url.rstrip('/')}/{name}"
-            for name in names
-            if not name.startswith(".") and fs.exists(f"{root}/{name}/{rundir.CONFIG_FILE}")
-        )
-    except LmctlError:
-        raise
-    except Exception as exc:
-        raise locations.failure(exc, url) from exc
-
-
-def fetch_summary(url: str, target: Path) -> Path:
-    """The files of the remote run at ``url`` that a summary reads, into ``target``: the
-    run's small files and each complete checkpoint's trainer state."""
-    location = locations.parse_location(url, "DIR", destination=False)
-    try:
-        fs, root = locations.open_location(location)
-        names = RunMirror._names(fs, root)
-        for name in _SUMMARY_FILES:
-            if name in names:
-                _fetch_dated(fs, f"{root}/{name}", target / name)
-        for name in names:
-            path = f"{root}/{name}"
-            if rundir.CHECKPOINT_PATTERN.match(name) and _is_complete(fs, path):
-                _fetch_dated(fs, f"{path}/{rundir.STATE_FILE}", target / name / rundir.STATE_FILE)
-    except LmctlError:
-        raise
-    except Exception as exc:
-        raise locations.failure(exc, url) from exc
-    return target
-
-
-def _fetch_dated(fs: AbstractFileSystem, remote: str, local: Path) -> None:
-    """One file, with the store's modification time (a run's age is read from it)."""
-    local.parent.mkdir(parents=True, exist_ok=True)
-    fs.get_file(remote, str(local))
-    with suppress(Exception):
-        modified = fs.modified(remote)
-        os.utime(local, (modified.timestamp(), modified.timestamp()))
+    if distributed.is_main_process():
+        return RunMirror(config, run_dir, console)
+    if rundir.commits_checkpoints(config):
+        return MachinePart(config, run_dir, console)
+    return None

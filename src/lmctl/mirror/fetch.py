@@ -1,0 +1,249 @@
+"""Reading a run directory on object storage back (:mod:`lmctl.mirror.upload` writes it).
+
+:func:`fetch_run` brings a remote run's files and its newest complete checkpoint to a local
+copy (``lmctl resume URL`` on a machine that has none); :func:`sync_checkpoints` makes a
+machine's copy of a run on several machines end with the store's newest complete
+checkpoint, whole; :func:`find_remote_runs` and :func:`fetch_summary` fetch the few small
+files that ``lmctl runs URL`` reads. A checkpoint is complete when its
+``lmctl-manifest.json`` is there; every file fetched is checked against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmctl.errors import ConfigError, LmctlError
+from lmctl.run import rundir
+from lmctl.storage import atomic, locations
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+    from lmctl.console import Console
+
+#: What ``lmctl runs URL`` reads of a run: small files only.
+_SUMMARY_FILES = (
+    rundir.CONFIG_FILE,
+    rundir.METRICS_LOG,
+    rundir.STATE_FILE,
+    "all_results.json",
+    rundir.RUN_MARKER,
+)
+
+
+def names_in(fs: AbstractFileSystem, root: str) -> set[str]:
+    """The names of the entries of folder ``root`` in the store (none when it is missing)."""
+    fs.invalidate_cache(root)
+    try:
+        return {name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)}
+    except FileNotFoundError:
+        return set()
+
+
+def is_complete(fs: AbstractFileSystem, path: str) -> bool:
+    fs.invalidate_cache(path)
+    return bool(fs.exists(f"{path}/{locations.MANIFEST}"))
+
+
+def newest_complete(fs: AbstractFileSystem, root: str, names: set[str]) -> int | None:
+    steps = [
+        int(match.group(1))
+        for name in names
+        if (match := rundir.CHECKPOINT_PATTERN.match(name)) and is_complete(fs, f"{root}/{name}")
+    ]
+    return max(steps, default=None)
+
+
+def _manifest(fs: AbstractFileSystem, path: str) -> dict[str, Any] | None:
+    try:
+        with fs.open(f"{path}/{locations.MANIFEST}", "rb") as handle:
+            data = json.loads(handle.read())
+    except FileNotFoundError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _fetch_listed(
+    fs: AbstractFileSystem, root: str, manifest: dict[str, Any], target: Path, where: str
+) -> None:
+    for item in manifest.get("files", []):
+        locations.download_file(
+            fs, f"{root}/{item['path']}", target / item["path"], item.get("sha256"), where
+        )
+
+
+def fetch_run(url: str, local: Path, console: Console, *, whole: bool = False) -> Path:
+    """The local copy of the remote run at ``url`` in ``local``, with its newest complete
+    checkpoint (each file checked against the checkpoint's manifest). A local copy that this
+    machine already has is kept (it is at least as new as the store); only a checkpoint it
+    lacks is downloaded.
+
+    ``whole``: for a machine of a run on several machines, whose copy holds only its own part
+    of each checkpoint (see :func:`sync_checkpoints`)."""
+    location = locations.parse_location(url, "RUN_DIR", destination=False)
+    try:
+        fs, root = locations.open_location(location)
+        return _fetch_run(fs, root, url.rstrip("/"), local, console, whole=whole)
+    except LmctlError:
+        raise
+    except Exception as exc:
+        raise locations.failure(exc, url) from exc
+
+
+def sync_checkpoints(url: str, local: Path, console: Console) -> None:
+    """Before a machine of a run on several machines resumes: its copy's checkpoints end
+    with the store's newest complete one, whole. Its copy holds only its own part of each
+    checkpoint, and parts of checkpoints that never completed (removed here); the processes
+    of the machine take turns, and the first one downloads what is missing."""
+    location = locations.parse_location(url, "--output-dir", destination=False)
+    try:
+        fs, root = locations.open_location(location)
+        with _machine_lock(local):
+            _sync_checkpoints(fs, root, url.rstrip("/"), local, console)
+    except LmctlError:
+        raise
+    except Exception as exc:
+        raise locations.failure(exc, url) from exc
+
+
+@contextmanager
+def _machine_lock(local: Path) -> Iterator[None]:
+    """One process of this machine at a time fetches into ``local``."""
+    from filelock import FileLock
+
+    local.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(local.parent / f".{local.name}.lock")):
+        yield
+
+
+def _fetch_run(
+    fs: AbstractFileSystem, root: str, url: str, local: Path, console: Console, *, whole: bool
+) -> Path:
+    names = names_in(fs, root)
+    manifest = _manifest(fs, root)
+    if manifest is None or rundir.CONFIG_FILE not in names:
+        raise ConfigError(
+            f"{url} is not a run directory that lmctl uploaded (no {rundir.CONFIG_FILE} and "
+            f"{locations.MANIFEST})",
+            "give the --output-dir of an 'lmctl train' run",
+        )
+    with _machine_lock(local):
+        if not (local / rundir.CONFIG_FILE).is_file():
+            console.info(f"fetching the run {url} into {local}")
+            local.mkdir(parents=True, exist_ok=True)
+            _fetch_listed(fs, root, manifest, local, url)
+        if whole:
+            _sync_checkpoints(fs, root, url, local, console)
+        else:
+            _fetch_newest(fs, root, url, local, console, names=names)
+    return local
+
+
+def _fetch_newest(
+    fs: AbstractFileSystem, root: str, url: str, local: Path, console: Console, *, names: set[str]
+) -> None:
+    """The store's newest complete checkpoint, unless the local copy has one as new."""
+    newest = newest_complete(fs, root, names)
+    if newest is None:
+        return
+    name = f"checkpoint-{newest}"
+    have = rundir.latest_checkpoint(local)
+    if have is not None and rundir.checkpoint_step(have) >= newest:
+        return
+    listed = _manifest(fs, f"{root}/{name}") or {}
+    started = time.monotonic()
+    with atomic.atomic_dir(local / name, owner="fetch") as staging:
+        _fetch_listed(fs, f"{root}/{name}", listed, staging, url)
+    rundir.record_written(local, name)
+    console.info(f"fetched {name} from {url} in {time.monotonic() - started:.1f} s")
+
+
+def _sync_checkpoints(
+    fs: AbstractFileSystem, root: str, url: str, local: Path, console: Console
+) -> None:
+    newest = newest_complete(fs, root, names_in(fs, root))
+    atomic.discard_staging(local)
+    for checkpoint in rundir.checkpoints(local):
+        if newest is None or rundir.checkpoint_step(checkpoint) > newest:
+            atomic.remove_dir(checkpoint)
+    if newest is None:
+        return
+    name = f"checkpoint-{newest}"
+    listed = (_manifest(fs, f"{root}/{name}") or {}).get("files", [])
+    missing = [item for item in listed if not _holds(local / name / item["path"], item)]
+    if not missing:
+        return
+    started = time.monotonic()
+    for item in missing:
+        locations.download_file(
+            fs, f"{root}/{name}/{item['path']}", local / name / item["path"], item["sha256"], url
+        )
+    rundir.record_written(local, name)
+    console.info(
+        f"fetched {len(missing)} of the {len(listed)} files of {name} from {url} in "
+        f"{time.monotonic() - started:.1f} s"
+    )
+
+
+def _holds(file: Path, item: dict[str, Any]) -> bool:
+    """Whether ``file`` is the one a manifest lists."""
+    return (
+        file.is_file()
+        and file.stat().st_size == item.get("size")
+        and locations.file_digests(file).sha256 == item.get("sha256")
+    )
+
+
+def find_remote_runs(url: str) -> list[str]:
+    """The runs at ``url``: the run itself, or the runs one level below it."""
+    location = locations.parse_location(url, "DIR", destination=False)
+    try:
+        fs, root = locations.open_location(location)
+        names = names_in(fs, root)
+        if rundir.CONFIG_FILE in names:
+            return [url.rstrip("/")]
+        return sorted(
+            f"{url.rstrip('/')}/{name}"
+            for name in names
+            if not name.startswith(".") and fs.exists(f"{root}/{name}/{rundir.CONFIG_FILE}")
+        )
+    except LmctlError:
+        raise
+    except Exception as exc:
+        raise locations.failure(exc, url) from exc
+
+
+def fetch_summary(url: str, target: Path) -> Path:
+    """The files of the remote run at ``url`` that a summary reads, into ``target``: the
+    run's small files and each complete checkpoint's trainer state."""
+    location = locations.parse_location(url, "DIR", destination=False)
+    try:
+        fs, root = locations.open_location(location)
+        names = names_in(fs, root)
+        for name in _SUMMARY_FILES:
+            if name in names:
+                _fetch_dated(fs, f"{root}/{name}", target / name)
+        for name in names:
+            path = f"{root}/{name}"
+            if rundir.CHECKPOINT_PATTERN.match(name) and is_complete(fs, path):
+                _fetch_dated(fs, f"{path}/{rundir.STATE_FILE}", target / name / rundir.STATE_FILE)
+    except LmctlError:
+        raise
+    except Exception as exc:
+        raise locations.failure(exc, url) from exc
+    return target
+
+
+def _fetch_dated(fs: AbstractFileSystem, remote: str, local: Path) -> None:
+    """One file, with the store's modification time (a run's age is read from it)."""
+    local.parent.mkdir(parents=True, exist_ok=True)
+    fs.get_file(remote, str(local))
+    with suppress(Exception):
+        modified = fs.modified(remote)
+        os.utime(local, (modified.timestamp(), modified.timestamp()))
