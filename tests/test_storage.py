@@ -312,3 +312,42 @@ def test_hub_refusal_maps_to_permission_error(
     result = CliRunner().invoke(app, ["push", str(model_dir), "--to", "hf://me/tiny"])
     assert result.exit_code == PermissionDenied.exit_code, result.output
     assert "refused the credentials" in result.output
+
+
+def test_an_md5_is_computed_only_for_a_store_that_keeps_md5s(tmp_path: Path) -> None:
+    """GCS reports each object's MD5 (``md5Hash``), which verifies an upload without reading
+    it back; other stores keep none, and a file's MD5 is then never computed."""
+    import base64
+    import hashlib
+
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Md5Store(MemoryFileSystem):  # type: ignore[misc]
+        """A memory store that reports MD5s as GCS does."""
+
+        def info(self, path: str, **kwargs: object) -> dict[str, object]:
+            info = dict(super().info(path, **kwargs))
+            if info.get("type") == "file":
+                digest = hashlib.md5(self.cat_file(path), usedforsecurity=False).digest()
+                info["md5Hash"] = base64.b64encode(digest).decode()
+            return info
+
+    local = tmp_path / "weights.bin"
+    local.write_bytes(b"weights" * 1000)
+    size = local.stat().st_size
+    plain = MemoryFileSystem()
+    plain.pipe_file("/plain/weights.bin", local.read_bytes())
+    digests = locations.file_digests(local)
+    assert locations.object_matches(plain, "/plain/weights.bin", size, digests)
+    assert digests.known_md5 is None  # verified by a read-back SHA-256, no MD5 taken
+
+    store = Md5Store()
+    store.pipe_file("/gcs/weights.bin", local.read_bytes())
+    assert locations.object_matches(store, "/gcs/weights.bin", size, digests)
+    assert digests.known_md5 == hashlib.md5(local.read_bytes(), usedforsecurity=False).hexdigest()
+    store.pipe_file("/gcs/other.bin", b"Weights" + local.read_bytes()[7:])
+    assert not locations.object_matches(store, "/gcs/other.bin", size, digests)
+    # Digests known only by their SHA-256 (another machine's part) are read back instead.
+    remote_only = locations.Digests(digests.sha256)
+    assert locations.object_matches(store, "/gcs/weights.bin", size, remote_only)
+    assert not locations.object_matches(store, "/gcs/other.bin", size, remote_only)

@@ -296,7 +296,7 @@ class RunMirror:
             for item in marker.get("files", []):
                 if item["path"] in own:
                     continue
-                digests = locations.Digests(item["sha256"], item["md5"])
+                digests = locations.Digests(item["sha256"], item.get("md5"))
                 path = f"{prefix}/node-{node}/{item['path']}"
                 parts.append(StagedFile(item["path"], path, item["size"], digests))
         return tuple(parts)
@@ -422,7 +422,7 @@ class MachinePart(RunMirror):
                         target.upload_verified(fs, item, remote, digests)
                     staged.append(
                         {"path": item.rel, "size": item.size, "sha256": digests.sha256,
-                         "md5": digests.md5}
+                         "md5": digests.known_md5}
                     )  # fmt: skip
                 target.write_json(fs, f"{prefix}/node-{node}.json", {"files": staged})
 
