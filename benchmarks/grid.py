@@ -94,6 +94,8 @@ def cells() -> list[Cell]:
 REPEATED = (0, 9, 15)
 
 WORDS = {"short": (3, 12), "long": (60, 150), "mixed": (2, 120)}
+#: Tokens in a line-by-line cell's evaluation set.
+EVAL_TOKENS = 16_000
 
 
 @dataclass
@@ -281,7 +283,12 @@ class GridWork:
         write_lines(
             train, text_lines(cell.steps * cell.batch, seed=21, min_words=low, max_words=high)
         )
-        write_lines(valid, text_lines(128, seed=22, min_words=low, max_words=high))
+        # About EVAL_TOKENS tokens to evaluate, whatever the line lengths (about 1.3 tokens a
+        # word, at most a sequence a line): 128 short lines would be some 1,200 tokens, 15%
+        # of them masked, and one draw of the masks alone moves such an eval loss by 3%.
+        per_line = min(cell.seq, 1.3 * (low + high) / 2)
+        lines = max(128, math.ceil(EVAL_TOKENS / per_line))
+        write_lines(valid, text_lines(lines, seed=22, min_words=low, max_words=high))
         return train, valid
 
 
@@ -356,10 +363,11 @@ def run_cell(work: Any, grid: GridWork, cell: Cell) -> Outcome:
 
 def run_grid(
     work: Any, only: str | None = None, quick: bool = False, keep: Path | None = None
-) -> tuple[list[Outcome], float]:
+) -> tuple[list[Outcome], float, int]:
     """Every cell (those whose name contains ``only``), then the repeated ones; ``quick``: four
     steps a cell (a smoke run of the harness). ``keep``: a JSON-lines file each measured cell
-    is appended to, and read back from, so a stopped run continues where it stopped."""
+    is appended to, and read back from, so a stopped run continues where it stopped. Returns
+    the outcomes, the minutes the cells took (kept ones included) and how many were kept."""
     started = time.perf_counter()
     grid = GridWork(work)
     chosen = [dataclasses.replace(c, steps=4) if quick else c for c in cells()]
@@ -370,28 +378,36 @@ def run_grid(
     kept = []
     if keep is not None and keep.exists():
         kept = [json.loads(line) for line in keep.read_text().splitlines() if line]
+    #: Seconds the kept cells took when they were measured (part of the grid's time).
+    kept_seconds, reused = 0.0, 0
     for number, index in enumerate(order):
         cell = chosen[index]
         if number < len(kept) and kept[number]["cell"] == dataclasses.asdict(cell):
             outcomes.append(Outcome(cell, kept[number]["upstream"], kept[number]["lmctl"]))
+            kept_seconds += float(kept[number].get("seconds", 0.0))
+            reused += 1
             continue
         print(f"[{time.perf_counter() - started:6.0f} s] grid {number + 1}/{len(order)}: "
               f"{cell.name}", file=sys.stderr)  # fmt: skip
+        begun = time.perf_counter()
         outcome = run_cell(work, grid, cell)
         if keep is not None:
             with keep.open("a", encoding="utf-8") as handle:
+                seconds = time.perf_counter() - begun
                 record = {"cell": dataclasses.asdict(cell), "upstream": outcome.upstream,
-                          "lmctl": outcome.lmctl}  # fmt: skip
+                          "lmctl": outcome.lmctl, "seconds": seconds}  # fmt: skip
                 handle.write(json.dumps(record) + "\n")
         ratio, extrapolated = outcome.to_quality()
         print(f"    time to quality {ratio:.2f}x{' (extrapolated)' if extrapolated else ''}, "
               f"per step {outcome.per_step():.2f}x, eval loss {outcome.quality():+.2%}",
               file=sys.stderr)  # fmt: skip
         outcomes.append(outcome)
-    return outcomes, (time.perf_counter() - started) / 60
+    return outcomes, (time.perf_counter() - started + kept_seconds) / 60, reused
 
 
-def render_grid(outcomes: list[Outcome], minutes: float, machine: dict[str, Any]) -> str:
+def render_grid(
+    outcomes: list[Outcome], minutes: float, machine: dict[str, Any], reused: int = 0
+) -> str:
     rows = [
         "| workload | steps | eval loss upstream → lmctl | time to quality | per step |",
         "| --- | --- | --- | --- | --- |",
@@ -432,7 +448,14 @@ def render_grid(outcomes: list[Outcome], minutes: float, machine: dict[str, Any]
             "",
             f"Written by `python benchmarks/run.py --grid` in {minutes:.1f} minutes on "
             f"{machine.get('cpu', '?')} ({machine.get('cores', '?')} cores, load average at "
-            f"start {machine.get('load average at start', '?')}). Each cell: the same saved "
+            f"the start of the last run {machine.get('load average at start', '?')})"
+            + (
+                f"; {reused} cells measured by earlier runs of the same grid on this "
+                "machine and kept in `--grid-keep`"
+                if reused
+                else ""
+            )
+            + ". Each cell: the same saved "
             "model, data and hyper-parameters (learning rate "
             f"{LEARNING_RATE:g}, {SWAG_LEARNING_RATE:g} for swag's pretrained model; everything "
             "else at the defaults) through the upstream recipe (`benchmarks/upstream.py`) and "

@@ -1211,8 +1211,8 @@ def _grid(args: argparse.Namespace) -> int:
         work = Work(root, quick=False)
         machine = machine_info()
         keep = Path(args.grid_keep) if args.grid_keep else None
-        outcomes, minutes = run_grid(work, args.grid_cells, args.quick, keep)
-        block = render_grid(outcomes, minutes, machine)
+        outcomes, minutes, reused = run_grid(work, args.grid_cells, args.quick, keep)
+        block = render_grid(outcomes, minutes, machine, reused)
         output = Path(args.output)
         page = output.read_text(encoding="utf-8") if output.exists() else "# Benchmarks\n"
         output.parent.mkdir(parents=True, exist_ok=True)
