@@ -68,6 +68,11 @@ def max_restarts() -> int:
     return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
 
 
+def restartable() -> bool:
+    """Whether this process runs under an elastic agent that may restart it."""
+    return launched() and max_restarts() > 0
+
+
 def launched() -> bool:
     """Whether a launcher (torchrun, accelerate launch, a cluster's own) started this process."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ

@@ -7,13 +7,14 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import replace
+from types import ModuleType
 from typing import Any
 
 import typer
 
 from lmctl import secrets
 from lmctl.console import Console, OutputOptions, own_stdout
-from lmctl.distributed import is_main_process, launched
+from lmctl.distributed import is_main_process, launched, restartable
 from lmctl.errors import Delegated, ExitCode, Interrupted, LmctlError, TrainingFailed
 from lmctl.run.launch import end_launched_process, report_exit_code
 from lmctl.run.signals import sigterm_as_interrupt
@@ -44,13 +45,14 @@ def run_command(
 def _run(
     body: Callable[[Console], dict[str, Any] | None], console: Console, command: str
 ) -> ExitCode:
-    from lmctl.run import restarts
-
     output = console.options
     secrets.register_environment()
     console.capture_warnings()
     sigterm_as_interrupt()
-    restarts.note_start()
+    # Only a process that its launcher may restart keeps notes (lmctl.run.restarts).
+    restarts = _restart_notes()
+    if restarts is not None:
+        restarts.note_start()
     code = ExitCode.OK
     payload: dict[str, Any] | None = None
     try:
@@ -91,8 +93,19 @@ def _run(
             {"status": status, "exit_code": int(code), "command": command, **(payload or {})}
         )
     report_exit_code(code)
-    restarts.note_end(code, (payload or {}).get("error"))
+    if restarts is not None:
+        restarts.note_end(code, (payload or {}).get("error"))
     return code
+
+
+def _restart_notes() -> ModuleType | None:
+    """:mod:`lmctl.run.restarts` where the launcher may restart this process, else None (the
+    module is not imported by a command that cannot be restarted)."""
+    if not restartable():
+        return None
+    from lmctl.run import restarts
+
+    return restarts
 
 
 def _maybe_traceback() -> None:

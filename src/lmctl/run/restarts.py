@@ -28,7 +28,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl.distributed import launched, max_restarts, rank, restart_count
+from lmctl.distributed import rank, restart_count, restartable
 from lmctl.run import rundir
 from lmctl.run.summary import read_records
 from lmctl.storage.atomic import atomic_write
@@ -37,11 +37,6 @@ from lmctl.storage.locations import cache_root
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
     from lmctl.console import Console
-
-
-def restartable() -> bool:
-    """Whether this process runs under an elastic agent that may restart it."""
-    return launched() and max_restarts() > 0
 
 
 def _folder() -> Path:
