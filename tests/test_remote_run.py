@@ -264,7 +264,11 @@ def test_every_machine_keeps_its_own_local_copy(monkeypatch: pytest.MonkeyPatch)
     from lmctl.storage.locations import run_staging_dir
 
     url = "s3://bucket/runs/clm-1"
-    one, first, second = run_staging_dir(url), run_staging_dir(url, 0), run_staging_dir(url, 1)
+    one, first, second = (
+        run_staging_dir(url),
+        run_staging_dir(url, 0, 2),
+        run_staging_dir(url, 1, 2),
+    )
     assert len({one, first, second}) == 3
     assert first.name == f"{one.name}-node0" and second.name == f"{one.name}-node1"
 

@@ -122,10 +122,7 @@ def local_copy(path: str, console: Console, overrides: dict[str, Any]) -> tuple[
 
     node, nodes = machine(_given_int(overrides, "node_rank", 0), _given_int(overrides, "nnodes", 1))
     staging = overrides.get("staging_dir")
-    if staging is not None:
-        local = local_path(staging)
-    else:
-        local = run_staging_dir(location, node if nodes > 1 else None)
+    local = local_path(staging) if staging is not None else run_staging_dir(location, node, nodes)
     return fetch_run(location, local, console, whole=nodes > 1), location
 
 

@@ -69,10 +69,24 @@ def _manifest(fs: AbstractFileSystem, path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+@contextmanager
+def _store(url: str, flag: str) -> Iterator[tuple[AbstractFileSystem, str]]:
+    """The filesystem and root of the store at ``url``; a failure inside the block that is
+    not lmctl's own is reported as the store's (:func:`lmctl.storage.locations.failure`)."""
+    location = locations.parse_location(url, flag, destination=False)
+    try:
+        yield locations.open_location(location)
+    except LmctlError:
+        raise
+    except Exception as exc:
+        raise locations.failure(exc, url) from exc
+
+
 def _fetch_listed(
-    fs: AbstractFileSystem, root: str, manifest: dict[str, Any], target: Path, where: str
+    fs: AbstractFileSystem, root: str, items: list[dict[str, Any]], target: Path, where: str
 ) -> None:
-    for item in manifest.get("files", []):
+    """Download the files a manifest lists (``items``) from ``root`` into ``target``."""
+    for item in items:
         locations.download_file(
             fs, f"{root}/{item['path']}", target / item["path"], item.get("sha256"), where
         )
@@ -86,14 +100,8 @@ def fetch_run(url: str, local: Path, console: Console, *, whole: bool = False) -
 
     ``whole``: for a machine of a run on several machines, whose copy holds only its own part
     of each checkpoint (see :func:`sync_checkpoints`)."""
-    location = locations.parse_location(url, "RUN_DIR", destination=False)
-    try:
-        fs, root = locations.open_location(location)
+    with _store(url, "RUN_DIR") as (fs, root):
         return _fetch_run(fs, root, url.rstrip("/"), local, console, whole=whole)
-    except LmctlError:
-        raise
-    except Exception as exc:
-        raise locations.failure(exc, url) from exc
 
 
 def sync_checkpoints(url: str, local: Path, console: Console) -> None:
@@ -101,15 +109,8 @@ def sync_checkpoints(url: str, local: Path, console: Console) -> None:
     with the store's newest complete one, whole. Its copy holds only its own part of each
     checkpoint, and parts of checkpoints that never completed (removed here); the processes
     of the machine take turns, and the first one downloads what is missing."""
-    location = locations.parse_location(url, "--output-dir", destination=False)
-    try:
-        fs, root = locations.open_location(location)
-        with _machine_lock(local):
-            _sync_checkpoints(fs, root, url.rstrip("/"), local, console)
-    except LmctlError:
-        raise
-    except Exception as exc:
-        raise locations.failure(exc, url) from exc
+    with _store(url, "--output-dir") as (fs, root), _machine_lock(local):
+        _sync_checkpoints(fs, root, url.rstrip("/"), local, console)
 
 
 @contextmanager
@@ -137,7 +138,7 @@ def _fetch_run(
         if not (local / rundir.CONFIG_FILE).is_file():
             console.info(f"fetching the run {url} into {local}")
             local.mkdir(parents=True, exist_ok=True)
-            _fetch_listed(fs, root, manifest, local, url)
+            _fetch_listed(fs, root, manifest.get("files", []), local, url)
         if whole:
             _sync_checkpoints(fs, root, url, local, console)
         else:
@@ -159,7 +160,7 @@ def _fetch_newest(
     listed = _manifest(fs, f"{root}/{name}") or {}
     started = time.monotonic()
     with atomic.atomic_dir(local / name, owner="fetch") as staging:
-        _fetch_listed(fs, f"{root}/{name}", listed, staging, url)
+        _fetch_listed(fs, f"{root}/{name}", listed.get("files", []), staging, url)
     rundir.record_written(local, name)
     console.info(f"fetched {name} from {url} in {time.monotonic() - started:.1f} s")
 
@@ -180,10 +181,7 @@ def _sync_checkpoints(
     if not missing:
         return
     started = time.monotonic()
-    for item in missing:
-        locations.download_file(
-            fs, f"{root}/{name}/{item['path']}", local / name / item["path"], item["sha256"], url
-        )
+    _fetch_listed(fs, f"{root}/{name}", missing, local / name, url)
     rundir.record_written(local, name)
     console.info(
         f"fetched {len(missing)} of the {len(listed)} files of {name} from {url} in "
@@ -202,9 +200,7 @@ def _holds(file: Path, item: dict[str, Any]) -> bool:
 
 def find_remote_runs(url: str) -> list[str]:
     """The runs at ``url``: the run itself, or the runs one level below it."""
-    location = locations.parse_location(url, "DIR", destination=False)
-    try:
-        fs, root = locations.open_location(location)
+    with _store(url, "DIR") as (fs, root):
         names = names_in(fs, root)
         if rundir.CONFIG_FILE in names:
             return [url.rstrip("/")]
@@ -213,18 +209,12 @@ def find_remote_runs(url: str) -> list[str]:
             for name in names
             if not name.startswith(".") and fs.exists(f"{root}/{name}/{rundir.CONFIG_FILE}")
         )
-    except LmctlError:
-        raise
-    except Exception as exc:
-        raise locations.failure(exc, url) from exc
 
 
 def fetch_summary(url: str, target: Path) -> Path:
     """The files of the remote run at ``url`` that a summary reads, into ``target``: the
     run's small files and each complete checkpoint's trainer state."""
-    location = locations.parse_location(url, "DIR", destination=False)
-    try:
-        fs, root = locations.open_location(location)
+    with _store(url, "DIR") as (fs, root):
         names = names_in(fs, root)
         for name in _SUMMARY_FILES:
             if name in names:
@@ -233,10 +223,6 @@ def fetch_summary(url: str, target: Path) -> Path:
             path = f"{root}/{name}"
             if rundir.CHECKPOINT_PATTERN.match(name) and is_complete(fs, path):
                 _fetch_dated(fs, f"{path}/{rundir.STATE_FILE}", target / name / rundir.STATE_FILE)
-    except LmctlError:
-        raise
-    except Exception as exc:
-        raise locations.failure(exc, url) from exc
     return target
 
 

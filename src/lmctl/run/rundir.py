@@ -93,8 +93,7 @@ def local_run_dir(config: TrainConfig) -> Path:
         return local_path(config.staging_dir)
     from lmctl.storage.locations import run_staging_dir
 
-    node = distributed.node_rank() if distributed.nodes() > 1 else None
-    return run_staging_dir(config.output_dir, node)
+    return run_staging_dir(config.output_dir, distributed.node_rank(), distributed.nodes())
 
 
 def check_output_dir(config: TrainConfig) -> None:

@@ -539,12 +539,12 @@ def run_location_problem(flag: str, value: object) -> tuple[str, str] | None:
     return None
 
 
-def run_staging_dir(url: str, node: int | None = None) -> Path:
+def run_staging_dir(url: str, node: int = 0, nodes: int = 1) -> Path:
     """Where a remote run directory is written before it is uploaded, by default: one folder
     per URL in the cache, so that a resume on the same machine finds it again; on several
-    machines (``node``: this machine's rank) one per machine, so that machines that share a
-    disk, or several on one host, keep their copies apart."""
+    machines (``node``: this machine's rank of ``nodes``) one per machine, so that machines
+    that share a disk, or several on one host, keep their copies apart."""
     name = url.rstrip("/").rsplit("/", 1)[-1] or "run"
     digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:12]
-    machine = f"-node{node}" if node is not None else ""
+    machine = f"-node{node}" if nodes > 1 else ""
     return cache_root() / "runs" / f"{name}-{digest}{machine}"
