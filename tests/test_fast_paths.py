@@ -102,16 +102,16 @@ def test_on_a_cpu_every_path_is_on_by_default_but_those_that_change_the_results(
     [
         (
             {"wrappers": ("deepspeed",)},
-            {"tiled-loss", "masked-head", "sparse-embedding", "fast-dropout"},
+            {"tiled-loss", "masked-head", "skip-padding", "sparse-embedding", "fast-dropout"},
             "DeepSpeed runs the model's own forward",
         ),
         (
             {"wrappers": ("lora", "compile")},
-            {"tiled-loss", "masked-head", "sparse-embedding", "fast-dropout"},
+            {"tiled-loss", "masked-head", "skip-padding", "sparse-embedding", "fast-dropout"},
             "LoRA, torch.compile runs the model's own forward",
         ),
         ({"processes": 2}, {"sparse-embedding"}, "2 processes"),
-        ({"checkpointing": True}, {"fast-dropout"}, "gradient checkpointing"),
+        ({"checkpointing": True}, {"skip-padding", "fast-dropout"}, "gradient checkpointing"),
     ],
 )
 def test_settings_that_exclude_a_path_turn_it_off_on_any_device(
@@ -225,7 +225,11 @@ def test_on_a_cpu_the_same_model_gets_every_path_and_the_log_line_says_so(tmp_pa
     assert all(_patched(model).values()), _patched(model)
     line = paths.summary()
     assert line.startswith("fast paths (cpu, fp32, trainer engine; --fast-paths chooses): on: ")
-    assert line.endswith("; off: fused-linear-loss (not in --fast-paths)")
+    # GPT-2 is not an encoder whose padding positions only attention masks.
+    assert line.endswith(
+        "; off: fused-linear-loss (not in --fast-paths), skip-padding (not an encoder whose "
+        "padding only attention masks (BERT, RoBERTa, DistilBERT, ELECTRA))"
+    )
     default = FastPaths.of(config, _setting())
     install_fast_paths(default, config, CLM, _gpt2())
     assert not default.on("fast-dropout")

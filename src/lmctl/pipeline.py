@@ -20,6 +20,7 @@ from lmctl.models.build import build_model, build_model_config, load_tokenizer
 from lmctl.models.dropout import train_with_fast_dropout
 from lmctl.models.embedding import sparse_tied_embedding_gradient
 from lmctl.models.fastpaths import FastPaths
+from lmctl.models.padding import skip_padding
 from lmctl.models.plugins import load_plugins
 from lmctl.objectives.common import split_source
 from lmctl.run.rundir import resume_checkpoint
@@ -144,6 +145,11 @@ def install_fast_paths(
     if not config.do_train:
         return
     objective.prepare_for_training(config, model, paths)
+    paths.apply(
+        "skip-padding",
+        lambda: skip_padding(model),
+        "not an encoder whose padding only attention masks (BERT, RoBERTa, DistilBERT, ELECTRA)",
+    )
     paths.apply("fast-dropout", lambda: train_with_fast_dropout(model), "the model has no dropout")
     paths.apply(
         "sparse-embedding",

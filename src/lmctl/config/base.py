@@ -69,6 +69,7 @@ FastPathName = Literal[
     "tiled-loss",
     "fused-linear-loss",
     "masked-head",
+    "skip-padding",
     "sparse-embedding",
     "fast-dropout",
     "fused-gelu",

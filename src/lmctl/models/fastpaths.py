@@ -91,6 +91,16 @@ TABLE: tuple[FastPath, ...] = (
         precisions=CHECKED,
     ),
     FastPath(
+        "skip-padding",
+        "an encoder's linear layers on the non-padding positions only",
+        CPU,
+        plain_model=True,
+        # The padding positions are known from the batch the model is called with, which a
+        # recomputation in the backward pass is not.
+        no_checkpointing=True,
+        precisions=CHECKED,
+    ),
+    FastPath(
         "sparse-embedding",
         "tied input embedding's gradient taken sparse",
         CPU,
