@@ -121,6 +121,10 @@ def test_a_loss_on_padding_positions_or_little_padding_computes_every_position()
     mask[1, -int(LEAST_PADDING * mask.numel()) + 1 :] = 0
     few = dict(batch, attention_mask=mask, labels=batch["labels"].where(mask == 1, -100))
     assert _padding_rows_of_first_linear(model, few).abs().sum() > 0
+    # Padded on the left: the first position, which a pooler reads, may be padding.
+    left = dict(batch, attention_mask=batch["attention_mask"].flip(-1))
+    left["labels"] = batch["labels"].where(left["attention_mask"] == 1, -100)
+    assert _padding_rows_of_first_linear(model, left).abs().sum() > 0
     # A batch without a mask.
     bare = {"input_ids": batch["input_ids"], "labels": batch["labels"]}
     model.train()

@@ -15,7 +15,8 @@ rounding of a matrix product over fewer rows).
 
 It applies while the model trains (evaluation runs the model's own forward), to a batch with
 an ``attention_mask`` and at least :data:`LEAST_PADDING` of its positions padding, and only
-where every padding position's label, if the batch has labels per position, is -100. The
+where every padding position's label, if the batch has labels per position, is -100 and every
+sequence starts with a real position (a pooler or a multiple-choice head reads the first). The
 modules keep their weights and the saved model is the model's own. Where it runs is the
 fast-path table's decision (:mod:`lmctl.models.fastpaths`).
 
@@ -57,6 +58,8 @@ class RealRows:
         if not isinstance(mask, torch.Tensor) or mask.dim() < 2 or mask.is_floating_point():
             return
         real = mask.reshape(-1) != 0
+        if not bool(real.view(-1, mask.shape[-1])[:, 0].all()):
+            return  # padded on the left: a head may read the first position
         if int(real.sum()) > (1 - LEAST_PADDING) * real.numel():
             return
         labels = kwargs.get("labels")
