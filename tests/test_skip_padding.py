@@ -27,6 +27,17 @@ def _model(kind: str) -> Any:
             vocab_size=97, dim=16, n_layers=2, n_heads=2, hidden_dim=32, max_position_embeddings=32
         )
         return transformers.DistilBertForMaskedLM(config)
+    if kind == "electra":
+        config = transformers.ElectraConfig(
+            vocab_size=97, embedding_size=16, num_hidden_layers=2, max_position_embeddings=32,
+            **SMALL,
+        )  # fmt: skip
+        return transformers.ElectraForMaskedLM(config)
+    if kind == "xlm-roberta":
+        config = transformers.XLMRobertaConfig(
+            vocab_size=97, num_hidden_layers=2, max_position_embeddings=40, pad_token_id=1, **SMALL
+        )
+        return transformers.XLMRobertaForMaskedLM(config)
     if kind == "roberta":
         config = transformers.RobertaConfig(
             vocab_size=97, num_hidden_layers=2, max_position_embeddings=40, pad_token_id=1, **SMALL
@@ -48,7 +59,7 @@ def _batch(kind: str) -> dict[str, torch.Tensor]:
     ids = torch.randint(3, 97, shape, generator=generator)
     lengths = torch.tensor([20, 6, 11, 3, 17, 9][: ids.numel() // 20])  # the first sets it
     mask = (torch.arange(20)[None] < lengths[:, None]).long().reshape(shape)
-    ids = ids.masked_fill(mask == 0, 1 if kind == "roberta" else 0)
+    ids = ids.masked_fill(mask == 0, 1 if "roberta" in kind else 0)
     if kind == "bert-choice":
         return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 1])}
     scored = (torch.rand(shape, generator=generator) < 0.3) & (mask == 1)
@@ -77,7 +88,9 @@ def _padding_rows_of_first_linear(model: Any, batch: dict[str, torch.Tensor]) ->
     return seen[0].reshape(padding.numel(), -1)[padding]
 
 
-@pytest.mark.parametrize("kind", ["bert", "bert-choice", "roberta", "distilbert"])
+@pytest.mark.parametrize(
+    "kind", ["bert", "bert-choice", "roberta", "xlm-roberta", "distilbert", "electra"]
+)
 def test_the_loss_gradients_and_dropout_are_the_models_own(kind: str) -> None:
     stock = _model(kind)
     model = copy.deepcopy(stock)
