@@ -84,7 +84,14 @@ class PaddingFreeLinear(torch.nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         index = self.real_rows.index
-        if index is None or input.dim() < 3 or input.shape[:-1].numel() != self.real_rows.rows:
+        # Training only, whatever the rows say: a forward that raised leaves them set, and
+        # evaluation may call the model's body directly.
+        if (
+            index is None
+            or not self.training
+            or input.dim() < 3
+            or input.shape[:-1].numel() != self.real_rows.rows
+        ):
             return F.linear(input, self.weight, self.bias)
         flat = input.reshape(-1, input.shape[-1])
         real = F.linear(flat.index_select(0, index), self.weight, self.bias)
