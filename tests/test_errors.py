@@ -211,3 +211,21 @@ def test_interrupt_outside_training_says_how_to_go_on(
     err = capsys.readouterr().err
     assert "interrupted outside the training loop" in err
     assert "lmctl resume" in err and "Traceback" not in err
+
+
+def test_train_tokenizer_on_several_processes_without_a_shared_store(
+    tmp_path: Path, files: dict[str, Path]
+) -> None:
+    """Launched by something other than torchrun, each process would train its own WordPiece
+    vocabulary, and two trainings differ: refused before anything is written."""
+    from tests.conftest import TINY_BERT
+
+    out = tmp_path / "out"
+    proc = lmctl(
+        "train", "mlm", *TINY_BERT, "--train-tokenizer", "300", "--train-file", files["train"],
+        "--line-by-line", "--max-seq-length", "32", "--max-steps", "2", "-o", out,
+        cwd=tmp_path,
+        env={"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"},
+    )  # fmt: skip
+    assert_clean_failure(proc, 2, "--train-tokenizer", "2 processes", "--tokenizer-name")
+    assert not out.exists()

@@ -7,8 +7,12 @@ main process checks and writes the run directory and prints progress.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+
+#: How long the other processes wait for a value the main process computes (torch's own
+#: default timeout for a collective).
+SHARED_TIMEOUT_S = 1800
 
 
 def rank() -> int:
@@ -76,6 +80,40 @@ def restartable() -> bool:
 def launched() -> bool:
     """Whether a launcher (torchrun, accelerate launch, a cluster's own) started this process."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launcher_store() -> bool:
+    """Whether the launcher keeps a key-value store every process can reach before the process
+    group exists: torchrun's elastic agent (and accelerate launch, which runs it) does, at
+    ``MASTER_ADDR:MASTER_PORT``."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and "MASTER_PORT" in os.environ
+
+
+def from_main_process(key: str, compute: Callable[[], str]) -> str:
+    """``compute()`` on the main process; every other process of the launch receives that
+    result through the launcher's store instead of computing its own, for a result that may
+    differ from one computation to the next. ``key`` names the value within the run; one
+    process alone just computes. The caller checks :func:`launcher_store` first where several
+    processes run (without it, each would compute its own)."""
+    if world_size() == 1 or not launcher_store():
+        return compute()
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore(
+        host_name=os.environ["MASTER_ADDR"],
+        port=int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=SHARED_TIMEOUT_S),
+    )
+    # A restarted launch computes again, under a key of its own.
+    name = f"lmctl/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{restart_count()}/{key}"
+    if is_main_process():
+        value = compute()
+        store.set(name, value)
+        return value
+    return store.get(name).decode()
 
 
 class EvenBatches:

@@ -102,6 +102,41 @@ def test_two_processes_train_one_model_on_disjoint_data(
     }
 
 
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_a_tokenizer_trained_for_the_run_is_the_same_on_every_rank(
+    launcher: str, unique_lines: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Two WordPiece trainings on one text differ; the main process trains the run's
+    tokenizer and every rank tokenizes with it: each rank's training rows are lines of the
+    training file as the saved tokenizer encodes them."""
+    from transformers import AutoTokenizer
+
+    train, valid = unique_lines
+    out, seen = tmp_path / "run", tmp_path / "seen"
+    seen.mkdir()
+    proc = run(
+        lmctl_command(
+            "train", "mlm", *TINY_BERT, "--train-tokenizer", "300", "--train-file", train,
+            "--validation-file", valid, "--line-by-line", "--max-seq-length", "32",
+            "--max-steps", "4", "--per-device-train-batch-size", "4", "--save-strategy", "no",
+            "--import", RECORDER, "-o", out, "--nproc", "2", "--launcher", launcher,
+        ),
+        tmp_path,
+        {"LMCTL_RECORD_DIR": str(seen)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stderr.count("trained a ") == 1, proc.stderr[-4000:]
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    lines = [line for line in train.read_text().splitlines() if line.strip()]
+    encoded = tokenizer(lines, truncation=True, max_length=32)["input_ids"]
+    known = {tuple(ids) for ids in encoded}
+    for rank in (0, 1):
+        rows = records(seen, rank)
+        assert len(rows) == 4 * 4, (rank, len(rows))
+        strange = [row for row in rows if row not in known]
+        assert not strange, f"rank {rank} trained on rows the saved tokenizer does not make"
+
+
 def test_nproc_runs_the_launcher_command_it_prints(
     bpe_tokenizer: Path, unique_lines: tuple[Path, Path], tmp_path: Path
 ) -> None:

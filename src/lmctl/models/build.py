@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from lmctl import distributed
 from lmctl.errors import ConfigError, ModelError
 from lmctl.models import adapters
 from lmctl.storage import hub, locations
@@ -263,10 +264,49 @@ def train_tokenizer(
     model_max_length: int,
     console: Console,
 ) -> PreTrainedTokenizerBase:
-    """Train a tokenizer on the training data with the ``tokenizers`` library."""
+    """Train a tokenizer on the training data with the ``tokenizers`` library.
+
+    Its WordPiece and Unigram trainers break ties between equally frequent candidates in
+    hash order, so two trainings on the same text give slightly different vocabularies: in a
+    launch of several processes the main process trains the tokenizer and the others receive
+    it (each training its own would map the same text to other ids on each process)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    if distributed.world_size() > 1 and algorithm != "bpe" and not distributed.launcher_store():
+        raise ConfigError(
+            f"--train-tokenizer: this launch of {distributed.world_size()} processes has no "
+            f"torchrun store to share one tokenizer through, and two {algorithm} trainings "
+            "on the same text differ",
+            "launch with torchrun, accelerate launch or --nproc; or give --tokenizer-name DIR "
+            "with a tokenizer trained beforehand: a one-process run saves its tokenizer in its "
+            "output directory",
+        )
+    trained = distributed.from_main_process(
+        "tokenizer", partial(_trained_tokenizer, training_texts, vocab_size, algorithm)
+    )
+    tokenizer = Tokenizer.from_str(trained)
+    specials = SPECIAL_TOKENS[algorithm]
+    extra: dict[str, Any] = {}
+    if algorithm == "wordpiece":
+        # BERT-style models take segment ids for sentence pairs (multiple choice).
+        extra["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, model_max_length=model_max_length, **specials, **extra
+    )
+    console.info(
+        f"trained a {algorithm} tokenizer on the training data: {len(fast)} tokens "
+        f"(asked for {vocab_size})"
+    )
+    return fast
+
+
+def _trained_tokenizer(
+    training_texts: Callable[[], Iterator[list[str]]], vocab_size: int, algorithm: str
+) -> str:
+    """A ``tokenizers`` tokenizer trained on the texts, as its JSON."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers import trainers as tk_trainers
-    from transformers import PreTrainedTokenizerFast
 
     specials = SPECIAL_TOKENS[algorithm]
     special_list = list(dict.fromkeys(specials.values()))
@@ -308,18 +348,7 @@ def train_tokenizer(
             pair="[CLS] $A [SEP] $B:1 [SEP]:1",
             special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
         )
-    extra: dict[str, Any] = {}
-    if algorithm == "wordpiece":
-        # BERT-style models take segment ids for sentence pairs (multiple choice).
-        extra["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, model_max_length=model_max_length, **specials, **extra
-    )
-    console.info(
-        f"trained a {algorithm} tokenizer on the training data: {len(fast)} tokens "
-        f"(asked for {vocab_size})"
-    )
-    return fast
+    return str(tokenizer.to_str())
 
 
 def build_model(
