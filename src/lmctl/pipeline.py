@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl.allocator import keep_freed_blocks
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
+from lmctl.data.prepared import cache_root
 from lmctl.models.activations import fuse_tanh_gelu
 from lmctl.models.build import build_model, build_model_config, load_tokenizer
 from lmctl.models.dropout import train_with_fast_dropout
@@ -116,6 +117,8 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
         training_texts,
         console,
         resume_from=resume_checkpoint(config),
+        # A stream is read once, as it trains the tokenizer.
+        cache_dir=None if config.streaming else cache_root(config),
     )
     if has_model:
         objective.check_model(config, model_config, tokenizer)

@@ -122,10 +122,11 @@ def test_a_tokenizer_trained_for_the_run_is_the_same_on_every_rank(
             "--import", RECORDER, "-o", out, "--nproc", "2", "--launcher", launcher,
         ),
         tmp_path,
-        {"LMCTL_RECORD_DIR": str(seen)},
+        # A cache of its own: a tokenizer kept by another test would not be trained here.
+        {"LMCTL_RECORD_DIR": str(seen), "LMCTL_CACHE": str(tmp_path / "cache")},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stderr.count("trained a ") == 1, proc.stderr[-4000:]
+    assert proc.stderr.count("trained a wordpiece tokenizer") == 1, proc.stderr[-4000:]
     tokenizer = AutoTokenizer.from_pretrained(out)
     lines = [line for line in train.read_text().splitlines() if line.strip()]
     encoded = tokenizer(lines, truncation=True, max_length=32)["input_ids"]

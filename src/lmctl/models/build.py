@@ -222,9 +222,11 @@ def load_tokenizer(
     console: Console,
     *,
     resume_from: Path | None = None,
+    cache_dir: Path | None = None,
 ) -> PreTrainedTokenizerBase:
     """The run's tokenizer; with ``--train-tokenizer``, the one trained for this run when
-    ``resume_from`` (the checkpoint the run resumes from) holds it."""
+    ``resume_from`` (the checkpoint the run resumes from) holds it, else one trained on the
+    same texts before when ``cache_dir`` keeps it (see :func:`train_tokenizer`)."""
     from transformers import AutoTokenizer
 
     if config.train_tokenizer is not None:
@@ -243,6 +245,8 @@ def load_tokenizer(
             algorithm=objective.tokenizer_algorithm,
             model_max_length=max_positions(model_config) or 1024,
             console=console,
+            cache_dir=cache_dir,
+            reuse=not config.overwrite_cache,
         )
     name = config.tokenizer_name or config.model_name_or_path
     assert name is not None
@@ -263,13 +267,19 @@ def train_tokenizer(
     algorithm: str,
     model_max_length: int,
     console: Console,
+    cache_dir: Path | None = None,
+    reuse: bool = True,
 ) -> PreTrainedTokenizerBase:
     """Train a tokenizer on the training data with the ``tokenizers`` library.
 
     Its WordPiece and Unigram trainers break ties between equally frequent candidates in
-    hash order, so two trainings on the same text give slightly different vocabularies: in a
-    launch of several processes the main process trains the tokenizer and the others receive
-    it (each training its own would map the same text to other ids on each process)."""
+    hash order, so two trainings on the same text give slightly different vocabularies. So
+    in a launch of several processes the main process trains the tokenizer and the others
+    receive it (each training its own would map the same text to other ids on each process);
+    and with ``cache_dir``, a tokenizer is kept there under a hash of the texts it learnt
+    from, and reused by the next run on the same texts (the same command trains the same
+    model again, and data ``lmctl prepare`` tokenized with it stays valid); ``reuse=False``
+    trains a new one in its place."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -283,7 +293,16 @@ def train_tokenizer(
             "output directory",
         )
     trained = distributed.from_main_process(
-        "tokenizer", partial(_trained_tokenizer, training_texts, vocab_size, algorithm)
+        "tokenizer",
+        partial(
+            _kept_or_trained,
+            training_texts,
+            vocab_size,
+            algorithm,
+            cache_dir=cache_dir,
+            reuse=reuse,
+            console=console,
+        ),
     )
     tokenizer = Tokenizer.from_str(trained)
     specials = SPECIAL_TOKENS[algorithm]
@@ -291,14 +310,70 @@ def train_tokenizer(
     if algorithm == "wordpiece":
         # BERT-style models take segment ids for sentence pairs (multiple choice).
         extra["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
-    fast = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, model_max_length=model_max_length, **specials, **extra
     )
+
+
+def _kept_or_trained(
+    training_texts: Callable[[], Iterator[list[str]]],
+    vocab_size: int,
+    algorithm: str,
+    *,
+    cache_dir: Path | None,
+    reuse: bool,
+    console: Console,
+) -> str:
+    """The JSON of the tokenizer ``cache_dir`` keeps for these texts and settings (when
+    ``reuse``), else of one trained now and kept there."""
+    import hashlib
+
+    import tokenizers
+
+    from lmctl import __version__
+    from lmctl.storage.atomic import atomic_write
+
+    kept = None
+    if cache_dir is not None:
+        digest = hashlib.sha256(f"{__version__} {tokenizers.__version__}".encode())
+        for batch in training_texts():
+            for piece in batch:
+                digest.update(piece.encode())
+                digest.update(b"\0")
+        name = f"{algorithm}-{vocab_size}-{digest.hexdigest()[:24]}.json"
+        kept = cache_dir / "tokenizers" / name
+        found = _kept_tokenizer(kept, console) if reuse else None
+        if found is not None:
+            console.info(f"using the {algorithm} tokenizer trained on these texts before: {kept}")
+            return found
+    trained = _trained_tokenizer(training_texts, vocab_size, algorithm)
     console.info(
-        f"trained a {algorithm} tokenizer on the training data: {len(fast)} tokens "
-        f"(asked for {vocab_size})"
+        f"trained a {algorithm} tokenizer on the training data: "
+        f"{tokenizers.Tokenizer.from_str(trained).get_vocab_size()} tokens "
+        f"(asked for {vocab_size})" + (f"; kept in {kept}" if kept is not None else "")
     )
-    return fast
+    if kept is not None:
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(kept, trained)
+        except OSError as exc:
+            console.warn(f"could not keep the tokenizer in {kept} ({exc.strerror or exc})")
+    return trained
+
+
+def _kept_tokenizer(kept: Path, console: Console) -> str | None:
+    """The tokenizer JSON kept in ``kept``; None when there is none or it does not load."""
+    from tokenizers import Tokenizer
+
+    if not kept.is_file():
+        return None
+    text = kept.read_text(encoding="utf-8", errors="replace")
+    try:
+        Tokenizer.from_str(text)
+    except Exception:  # tokenizers raises a bare Exception for a file it can't read
+        console.warn(f"{kept} is not a tokenizer file: training a new one in its place")
+        return None
+    return text
 
 
 def _trained_tokenizer(
