@@ -86,7 +86,9 @@ def launcher_store() -> bool:
     """Whether the launcher keeps a key-value store every process can reach before the process
     group exists: torchrun's elastic agent (and accelerate launch, which runs it) does, at
     ``MASTER_ADDR:MASTER_PORT``."""
-    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and "MASTER_PORT" in os.environ
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and all(
+        name in os.environ for name in ("MASTER_ADDR", "MASTER_PORT")
+    )
 
 
 def from_main_process(key: str, compute: Callable[[], str]) -> str:
