@@ -149,8 +149,13 @@ def time_to(curve: list[list[float]], target: float) -> tuple[float, bool]:
             _, before, above = previous
             return before + (seconds - before) * (above - target) / (above - loss), False
         previous = (step, seconds, loss)
-    # Along the last third of the curve (one segment alone is mostly noise).
-    (_, t0, l0), (_, t1, l1) = curve[-max(2, len(curve) // 3)], curve[-1]
+    # Along the last third of the evaluations (one segment alone is mostly noise); the final
+    # model's two evaluations (at its last step and after training) are one point.
+    points: dict[float, list[float]] = {}
+    for point in curve:
+        points.setdefault(point[0], point)
+    distinct = list(points.values())
+    (_, t0, l0), (_, t1, l1) = distinct[-max(2, len(distinct) // 3)], distinct[-1]
     if l1 >= l0:
         return math.inf, True
     return t1 + (t1 - t0) * (l1 - target) / (l0 - l1), True

@@ -39,3 +39,20 @@ def test_a_lower_figure_at_or_below_zero_meets_its_target_without_a_ratio() -> N
     assert worse.met() is False and worse.ratio() == 253.0 / 160.0
     slower = Figure("t", "speed", "x/s", [10.0, 14.0, 15.0], [10.0, 11.0, 12.0], "higher", 1.3)
     assert slower.met() is False  # 14 / 11 = 1.27
+
+
+def test_a_curve_that_ends_above_the_target_is_extrapolated_over_its_evaluations() -> None:
+    """A line-by-line curve has five evaluations and the final model's second one at the same
+    step; the extrapolation runs along the last third of the evaluations, not along the two
+    equal final points (which would never reach the target)."""
+    import math
+
+    from benchmarks.grid import time_to
+
+    curve = [[12, 2.0, 6.53], [24, 4.0, 6.44], [36, 6.0, 6.41], [48, 8.0, 6.38],
+             [60, 10.0, 6.37], [60, 10.1, 6.37]]  # fmt: skip
+    seconds, extrapolated = time_to(curve, 6.33)
+    assert extrapolated and math.isclose(seconds, 10.0 + 2.0 * (6.37 - 6.33) / (6.38 - 6.37))
+    seconds, extrapolated = time_to(curve, 6.40)
+    assert not extrapolated and math.isclose(seconds, 6.0 + 2.0 * (6.41 - 6.40) / (6.41 - 6.38))
+    assert time_to([[1, 1.0, 5.0], [2, 2.0, 5.1], [2, 2.1, 5.1]], 4.0) == (math.inf, True)
