@@ -100,39 +100,17 @@ def train_bpe_tokenizer(directory: Path, vocab_size: int = 8000) -> Path:
     return directory
 
 
-def wordpiece_tokenizer(directory: Path, vocab_size: int = 2000, kept: Path | None = None) -> Path:
-    """A BERT-style WordPiece tokenizer ([CLS] A [SEP] B [SEP], [MASK], [PAD]) learnt from the
-    shipped corpus, saved with save_pretrained. With ``kept``, the tokenizer file an earlier
-    training left there is used, or this training's is left there: tokenizers' WordPiece
-    trainer breaks ties between equally frequent pairs in hash order, so two trainings on the
-    same text differ by a token or a few and shift a hundred ids."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from tokenizers import trainers as tokenizer_trainers
+def wordpiece_tokenizer(directory: Path, kept: Path) -> Path:
+    """The BERT-style WordPiece tokenizer ([CLS] A [SEP] B [SEP], [MASK], [PAD]) kept in the
+    file ``kept``, saved with save_pretrained. It was learnt once from the shipped corpus
+    (BERT normalizer and pre-tokenizer, tokenizers' WordPiece trainer) and kept: that trainer
+    breaks ties between equally frequent pairs in hash order, so two trainings on the same
+    text differ by a token or a few and shift a hundred ids."""
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    if kept is not None and kept.exists():
-        tokenizer = Tokenizer.from_file(str(kept))
-    else:
-        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tokenizer.decoder = decoders.WordPiece()
-        trainer = tokenizer_trainers.WordPieceTrainer(
-            vocab_size=vocab_size, special_tokens=specials, show_progress=False
-        )
-        tokenizer.train_from_iterator(corpus_lines(), trainer=trainer)
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]",
-            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-            special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
-        )
-        if kept is not None:
-            tokenizer.save(str(kept))
-    if tokenizer.get_vocab_size() != vocab_size:
-        raise ValueError(f"{kept} holds {tokenizer.get_vocab_size()} tokens, not {vocab_size}")
     PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
+        tokenizer_object=Tokenizer.from_file(str(kept)),
         unk_token="[UNK]",
         pad_token="[PAD]",
         cls_token="[CLS]",

@@ -37,8 +37,9 @@ LEARNING_RATE = 1e-3
 TOLERANCE = 0.005
 #: swag fine-tunes a pretrained model.
 SWAG_LEARNING_RATE = 5e-5
-#: The mlm and plm cells' tokenizer, kept from one training so that every grid run uses the
-#: same (a fresh training of tokenizers' WordPiece trainer gives a slightly other vocabulary).
+#: The mlm and plm cells' 2,000-entry tokenizer, kept from one training so that every grid
+#: run uses the same (a fresh training of tokenizers' WordPiece trainer gives a slightly
+#: other vocabulary).
 WORDPIECE = Path(__file__).resolve().parent / "wordpiece-2k.json"
 
 
@@ -207,7 +208,7 @@ class GridWork:
             return path
         path = self.root / "wordpiece-2k"
         if not path.exists():
-            wordpiece_tokenizer(path, vocab_size=2000, kept=WORDPIECE)
+            wordpiece_tokenizer(path, kept=WORDPIECE)
         return path
 
     def model(self, cell: Cell) -> Path:
