@@ -346,11 +346,12 @@ def _kept_or_trained(
         if found is not None:
             console.info(f"using the {algorithm} tokenizer trained on these texts before: {kept}")
             return found
-    trained = _trained_tokenizer(training_texts, vocab_size, algorithm)
+    tokenizer = _trained_tokenizer(training_texts, vocab_size, algorithm)
+    trained = str(tokenizer.to_str())
     console.info(
         f"trained a {algorithm} tokenizer on the training data: "
-        f"{tokenizers.Tokenizer.from_str(trained).get_vocab_size()} tokens "
-        f"(asked for {vocab_size})" + (f"; kept in {kept}" if kept is not None else "")
+        f"{tokenizer.get_vocab_size()} tokens (asked for {vocab_size})"
+        + (f"; kept in {kept}" if kept is not None else "")
     )
     if kept is not None:
         try:
@@ -378,8 +379,8 @@ def _kept_tokenizer(kept: Path, console: Console) -> str | None:
 
 def _trained_tokenizer(
     training_texts: Callable[[], Iterator[list[str]]], vocab_size: int, algorithm: str
-) -> str:
-    """A ``tokenizers`` tokenizer trained on the texts, as its JSON."""
+) -> Any:
+    """A ``tokenizers`` tokenizer trained on the texts."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers import trainers as tk_trainers
 
@@ -423,7 +424,7 @@ def _trained_tokenizer(
             pair="[CLS] $A [SEP] $B:1 [SEP]:1",
             special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
         )
-    return str(tokenizer.to_str())
+    return tokenizer
 
 
 def build_model(
