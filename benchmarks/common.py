@@ -122,6 +122,24 @@ def wordpiece_tokenizer(directory: Path, kept: Path) -> Path:
     return directory
 
 
+#: What a causal LM's own tokenizer returns (GPT-2's has no segment ids).
+CAUSAL_INPUTS = ["input_ids", "attention_mask"]
+
+
+def save_tokenizer_beside(model_dir: Path, tokenizer_dir: Path, *, causal: bool) -> None:
+    """Save the tokenizer of ``tokenizer_dir`` with a benchmark's model in ``model_dir``.
+
+    Beside a causal LM it returns no segment ids, as GPT-2's own tokenizer: GPT-2 accepts
+    ``token_type_ids`` and looks them up in its token embedding, so the upstream recipe given
+    a BERT tokenizer's all-zero segment ids would add token 0's embedding at every position
+    and train another model than lmctl, which trains a causal LM on token ids alone.
+    """
+    from transformers import AutoTokenizer
+
+    extra: dict[str, Any] = {"model_input_names": CAUSAL_INPUTS} if causal else {}
+    AutoTokenizer.from_pretrained(tokenizer_dir, **extra).save_pretrained(model_dir)
+
+
 def lmctl_env(**extra: str) -> dict[str, str]:
     # lmctl from this checkout, before whatever the caller's PYTHONPATH adds.
     paths = [str(ROOT / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]

@@ -34,7 +34,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import lmctl_env, run_lmctl  # noqa: E402
+from benchmarks.common import lmctl_env, run_lmctl, save_tokenizer_beside  # noqa: E402
 
 UPSTREAM = ROOT / "benchmarks" / "upstream.py"
 
@@ -162,7 +162,6 @@ class Work:
         """A randomly initialised model (seed 0) saved with the tokenizer."""
         import torch
         import transformers
-        from transformers import AutoTokenizer
 
         path = self.root / name
         if path.exists():
@@ -175,7 +174,7 @@ class Work:
         else:
             model = transformers.BertForMultipleChoice(transformers.BertConfig(**config))
         model.save_pretrained(path)
-        AutoTokenizer.from_pretrained(self.tokenizer).save_pretrained(path)
+        save_tokenizer_beside(path, self.tokenizer, causal=kind == "gpt2")
         return path
 
 

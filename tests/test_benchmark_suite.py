@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from types import SimpleNamespace
 
 from benchmarks.run import Figure, interleave, render
+
+from tests.conftest import minilm_path
 
 
 def test_sides_alternate_and_ratios_are_of_medians() -> None:
@@ -56,3 +60,17 @@ def test_a_curve_that_ends_above_the_target_is_extrapolated_over_its_evaluations
     seconds, extrapolated = time_to(curve, 6.40)
     assert not extrapolated and math.isclose(seconds, 6.0 + 2.0 * (6.41 - 6.40) / (6.41 - 6.38))
     assert time_to([[1, 1.0, 5.0], [2, 2.0, 5.1], [2, 2.1, 5.1]], 4.0) == (math.inf, True)
+
+
+def test_a_grid_cell_gives_both_sides_the_same_inputs(tmp_path: Path) -> None:
+    """The upstream recipe passes every column the tokenizer returns; a causal LM's cell with
+    BERT's vocabulary saves a tokenizer without segment ids (GPT-2 would embed them), so both
+    sides feed the model token ids alone; a masked LM's cell keeps them."""
+    from benchmarks.grid import Cell, GridWork
+    from transformers import AutoTokenizer
+
+    grid = GridWork(SimpleNamespace(root=tmp_path, tokenizer=minilm_path()))
+    causal = AutoTokenizer.from_pretrained(grid.model(Cell("clm", vocab=30522, hidden=64)))
+    assert sorted(causal("to be or not to be")) == ["attention_mask", "input_ids"]
+    masked = AutoTokenizer.from_pretrained(grid.model(Cell("mlm", hidden=64, lines="short")))
+    assert "token_type_ids" in masked("to be or not to be")
