@@ -325,3 +325,35 @@ def test_embedded_default_wiring(tmp_path: Path) -> None:
     assert payload["output_dir"].startswith("runs/clm-")
     assert "perplexity" in payload["metrics"]
     assert "embedded default" in proc.stderr
+
+
+def test_a_causal_lm_and_its_saved_tokenizer_leave_segment_ids_out(
+    tmp_path: Path, text_files: tuple[Path, Path], wordpiece_tokenizer: Path
+) -> None:
+    """A BERT tokenizer returns token_type_ids, which GPT-2 would look up in its token
+    embedding; lmctl trains on token ids alone, and the run's tokenizer returns none, so
+    ``model(**tokenizer(text))`` scores what ``model(input_ids)`` does."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "out"
+    train, valid = text_files
+    proc = lmctl(
+        "train", "clm", *TINY_GPT2, "--tokenizer-name", wordpiece_tokenizer,
+        "--train-file", train, "--validation-file", valid, "--block-size", "32",
+        "--max-steps", "2", "--save-strategy", "no", "-o", out,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "the run's tokenizer leaves them out" in proc.stderr
+    assert "token_type_ids" in AutoTokenizer.from_pretrained(wordpiece_tokenizer)("to be")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    inputs = tokenizer("to be or not to be, that is the question", return_tensors="pt")
+    assert sorted(inputs) == ["attention_mask", "input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        given = model(**inputs, labels=inputs["input_ids"]).loss
+        alone = model(input_ids=inputs["input_ids"], labels=inputs["input_ids"]).loss
+        zeros = torch.zeros_like(inputs["input_ids"])
+        with_segments = model(**inputs, token_type_ids=zeros, labels=inputs["input_ids"]).loss
+    assert torch.equal(given, alone)
+    assert not torch.equal(with_segments, alone)  # what the tokenizer's ids would have done

@@ -17,7 +17,12 @@ from lmctl.allocator import keep_freed_blocks
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.data.prepared import cache_root
 from lmctl.models.activations import fuse_tanh_gelu
-from lmctl.models.build import build_model, build_model_config, load_tokenizer
+from lmctl.models.build import (
+    build_model,
+    build_model_config,
+    leave_out_segment_ids,
+    load_tokenizer,
+)
 from lmctl.models.dropout import train_with_fast_dropout
 from lmctl.models.embedding import sparse_tied_embedding_gradient
 from lmctl.models.fastpaths import FastPaths
@@ -120,6 +125,8 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
         # A stream is read once, as it trains the tokenizer.
         cache_dir=None if config.streaming else cache_root(config),
     )
+    if not objective.segment_ids:
+        leave_out_segment_ids(tokenizer, console)
     if has_model:
         objective.check_model(config, model_config, tokenizer)
     if not config.do_train:

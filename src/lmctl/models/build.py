@@ -260,6 +260,21 @@ def load_tokenizer(
     )
 
 
+def leave_out_segment_ids(tokenizer: PreTrainedTokenizerBase, console: Console) -> None:
+    """Make ``tokenizer`` (and the copy a run saves) return no ``token_type_ids``, for a model
+    trained without them: ``model(**tokenizer(text))`` then gives the model what it learnt
+    from (GPT-2 accepts segment ids and looks them up in its token embedding)."""
+    names = [name for name in tokenizer.model_input_names if name != "token_type_ids"]
+    if names == list(tokenizer.model_input_names):
+        return
+    tokenizer.model_input_names = names
+    tokenizer.init_kwargs["model_input_names"] = names
+    console.info(
+        "the tokenizer returns token_type_ids, which this objective does not give the model: "
+        "the run's tokenizer leaves them out"
+    )
+
+
 def train_tokenizer(
     training_texts: Callable[[], Iterator[list[str]]],
     *,

@@ -42,6 +42,8 @@ class Objective(ABC):
     #: Whether a stream of this objective reads whole records (several columns) rather than
     #: one text column.
     streams_records: ClassVar[bool] = False
+    #: Whether the model is given the tokenizer's segment ids (``token_type_ids``).
+    segment_ids: ClassVar[bool] = True
 
     def embedded_default(self) -> dict[str, Any] | None:
         """Values that make ``lmctl train <name>`` run with no model and no data, if any."""

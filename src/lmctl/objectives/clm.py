@@ -62,6 +62,8 @@ class Clm(Objective):
     config_class = ClmConfig
     tokenizer_algorithm = "bpe"
     example_models = "gpt2, llama, qwen2"
+    # Blocks of token ids: a causal LM is trained on token ids alone.
+    segment_ids = False
 
     def embedded_default(self) -> dict[str, Any]:
         return {
