@@ -122,12 +122,8 @@ def wordpiece_tokenizer(directory: Path, kept: Path) -> Path:
     return directory
 
 
-#: What a causal LM's own tokenizer returns (GPT-2's has no segment ids).
-CAUSAL_INPUTS = ["input_ids", "attention_mask"]
-
-
-def save_tokenizer_beside(model_dir: Path, tokenizer_dir: Path, *, causal: bool) -> None:
-    """Save the tokenizer of ``tokenizer_dir`` with a benchmark's model in ``model_dir``.
+def tokenizer_for(tokenizer_dir: Path, *, causal: bool) -> Any:
+    """The tokenizer of ``tokenizer_dir`` as a benchmark's model is saved with it.
 
     Beside a causal LM it returns no segment ids, as GPT-2's own tokenizer: GPT-2 accepts
     ``token_type_ids`` and looks them up in its token embedding, so the upstream recipe given
@@ -136,8 +132,8 @@ def save_tokenizer_beside(model_dir: Path, tokenizer_dir: Path, *, causal: bool)
     """
     from transformers import AutoTokenizer
 
-    extra: dict[str, Any] = {"model_input_names": CAUSAL_INPUTS} if causal else {}
-    AutoTokenizer.from_pretrained(tokenizer_dir, **extra).save_pretrained(model_dir)
+    extra = {"model_input_names": ["input_ids", "attention_mask"]} if causal else {}
+    return AutoTokenizer.from_pretrained(tokenizer_dir, **extra)
 
 
 def lmctl_env(**extra: str) -> dict[str, str]:

@@ -215,9 +215,8 @@ class GridWork:
         """The cell's model with random weights (seed 0) and its tokenizer, saved."""
         import torch
         import transformers
-        from transformers import AutoTokenizer
 
-        from benchmarks.common import save_tokenizer_beside
+        from benchmarks.common import tokenizer_for
 
         tokenizer_path = self.tokenizer(cell)
         if cell.objective == "swag":
@@ -226,7 +225,7 @@ class GridWork:
         path = self.root / name
         if path.exists():
             return path
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        tokenizer = tokenizer_for(tokenizer_path, causal=cell.objective == "clm")
         vocab = max(cell.vocab, len(tokenizer))
         heads = max(2, cell.hidden // 64)
         torch.manual_seed(0)
@@ -267,7 +266,7 @@ class GridWork:
                 )
             )
         model.save_pretrained(path)
-        save_tokenizer_beside(path, tokenizer_path, causal=cell.objective == "clm")
+        tokenizer.save_pretrained(path)
         return path
 
     def data(self, cell: Cell) -> tuple[Path, Path]:

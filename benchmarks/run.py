@@ -34,7 +34,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import lmctl_env, run_lmctl, save_tokenizer_beside  # noqa: E402
+from benchmarks.common import lmctl_env, run_lmctl, tokenizer_for  # noqa: E402
 
 UPSTREAM = ROOT / "benchmarks" / "upstream.py"
 
@@ -174,7 +174,7 @@ class Work:
         else:
             model = transformers.BertForMultipleChoice(transformers.BertConfig(**config))
         model.save_pretrained(path)
-        save_tokenizer_beside(path, self.tokenizer, causal=kind == "gpt2")
+        tokenizer_for(self.tokenizer, causal=kind == "gpt2").save_pretrained(path)
         return path
 
 
