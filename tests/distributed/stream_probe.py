@@ -90,4 +90,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from lmctl.run.launch import end_launched_process
+
     main()
+    # End as lmctl's own launched processes do: torch's native teardown at interpreter
+    # shutdown now and then aborts a rank after a run that succeeded.
+    end_launched_process(0)
