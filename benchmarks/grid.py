@@ -55,6 +55,8 @@ class Cell:
     precision: str = "fp32"
     lines: str = ""
     endings: int = 0
+    #: Both sides' --seed: masks, dropout and the order of the batches (not the weights).
+    seed: int = 42
 
     @property
     def name(self) -> str:
@@ -67,7 +69,8 @@ class Cell:
             )
         else:
             shape = f"{self.lines} lines, vocab {self.vocab:,}, {self.layers} x {self.hidden}"
-        return f"{self.objective}: {shape}, {self.precision}"
+        drawn = f", seed {self.seed}" if self.seed != Cell.seed else ""
+        return f"{self.objective}: {shape}, {self.precision}{drawn}"
 
 
 def cells() -> list[Cell]:
@@ -94,8 +97,11 @@ def cells() -> list[Cell]:
     ]
 
 
-#: Cells run a second time, to show the run-to-run noise of both ratios.
+#: Cells run a second time with another seed on both sides, to show the run-to-run noise of
+#: both ratios: of the time, and of which masks, dropout and batch order each side draws.
 REPEATED = (0, 9, 15)
+#: The repeated cells' seed.
+REPEAT_SEED = 1
 
 WORDS = {"short": (3, 12), "long": (60, 150), "mixed": (2, 120)}
 #: Tokens in a line-by-line cell's evaluation set.
@@ -328,14 +334,25 @@ def run_cell(work: Any, grid: GridWork, cell: Cell) -> Outcome:
     from benchmarks.common import run_lmctl
     from benchmarks.run import _upstream
 
-    model = grid.model(cell)
     train, valid = grid.data(cell)
+    upstream_args, lmctl_args = arguments(cell, grid.model(cell), train, valid)
+    upstream = _upstream(work, upstream_args)
+    run_dir = work.fresh("grid-run")
+    run_lmctl([*lmctl_args, "-o", run_dir], work.env())
+    lmctl = json.loads((run_dir / "all_results.json").read_text())
+    lmctl["curve"] = lmctl_curve(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return Outcome(cell, upstream, lmctl)
+
+
+def arguments(cell: Cell, model: Path, train: Path, valid: Path) -> tuple[list[str], list[str]]:
+    """The cell's command lines: the upstream recipe's and ``lmctl``'s (without ``-o``)."""
     # Line by line, evaluations cost more (large evaluation sets): every fifth of the run.
     every = max(1, cell.steps // (5 if cell.lines else 10))
     lr = SWAG_LEARNING_RATE if cell.objective == "swag" else LEARNING_RATE
     shared = [
         "--train-file", train, "--validation-file", valid, "--max-steps", cell.steps,
-        "--learning-rate", lr,
+        "--learning-rate", lr, "--seed", cell.seed,
     ]  # fmt: skip
     shape: list[Any]
     if cell.objective == "clm":
@@ -362,13 +379,14 @@ def run_cell(work: Any, grid: GridWork, cell: Cell) -> Outcome:
         lmctl_args += ["--precision", "auto"]
         if native_bf16():
             upstream_args.append("--bf16")
-    upstream = _upstream(work, [str(a) for a in upstream_args])
-    run_dir = work.fresh("grid-run")
-    run_lmctl([*lmctl_args, "-o", run_dir], work.env())
-    lmctl = json.loads((run_dir / "all_results.json").read_text())
-    lmctl["curve"] = lmctl_curve(run_dir)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return Outcome(cell, upstream, lmctl)
+    return [str(a) for a in upstream_args], [str(a) for a in lmctl_args]
+
+
+def schedule(quick: bool = False) -> list[Cell]:
+    """The grid's runs in order: every cell, then the repeated ones at another seed;
+    ``quick``: four steps a cell."""
+    chosen = [dataclasses.replace(c, steps=4) if quick else c for c in cells()]
+    return chosen + [dataclasses.replace(chosen[i], seed=REPEAT_SEED) for i in REPEATED]
 
 
 def run_grid(
@@ -380,10 +398,8 @@ def run_grid(
     the outcomes, the minutes the cells took (kept ones included) and how many were kept."""
     started = time.perf_counter()
     grid = GridWork(work)
-    chosen = [dataclasses.replace(c, steps=4) if quick else c for c in cells()]
-    order = list(range(len(chosen))) + list(REPEATED)
-    if only:
-        order = [i for i in order if only in chosen[i].name]
+    chosen = schedule(quick)
+    order = [i for i, cell in enumerate(chosen) if not only or only in cell.name]
     outcomes: list[Outcome] = []
     kept = []
     if keep is not None and keep.exists():
@@ -422,21 +438,18 @@ def render_grid(
         "| workload | steps | eval loss upstream → lmctl | time to quality | per step |",
         "| --- | --- | --- | --- | --- |",
     ]
-    seen: set[Cell] = set()
     quality, per_step, worst = [], [], []
     for outcome in outcomes:
         ratio, extrapolated = outcome.to_quality()
         upstream, lmctl = outcome.losses()
-        repeat = " (repeat)" if outcome.cell in seen else ""
-        seen.add(outcome.cell)
         rows.append(
-            f"| {outcome.cell.name}{repeat} | {outcome.cell.steps} | {upstream:.4f} → "
+            f"| {outcome.cell.name} | {outcome.cell.steps} | {upstream:.4f} → "
             f"{lmctl:.4f} ({outcome.quality():+.1%}) | {ratio:.2f}x"
             f"{' (extrapolated)' if extrapolated else ''} | {outcome.per_step():.2f}x |"
         )
-        quality.append((ratio, outcome.cell.name + repeat))
-        per_step.append((outcome.per_step(), outcome.cell.name + repeat))
-        worst.append((outcome.quality(), outcome.cell.name + repeat))
+        quality.append((ratio, outcome.cell.name))
+        per_step.append((outcome.per_step(), outcome.cell.name))
+        worst.append((outcome.quality(), outcome.cell.name))
     low, high = min(quality), max(quality)
     step_low, step_high = min(per_step), max(per_step)
     loss_worst = max(worst)
@@ -480,7 +493,10 @@ def render_grid(
             "Eval losses are per-token means on both sides. **Per step**: the training time "
             "of all steps, upstream over lmctl. `--precision auto` cells run the upstream "
             "recipe with `--bf16` where the CPU computes bfloat16 natively (fp32 elsewhere). "
-            "Cells marked (repeat) ran twice: the difference is the noise.",
+            f"Both sides run at seed {Cell.seed}; three cells run again at seed "
+            f"{REPEAT_SEED} on both sides (the same model, data and hyper-parameters, other "
+            "masks, dropout and batch order): the difference is the noise of the draws and "
+            "of the clock.",
             "",
             *summary,
             "",

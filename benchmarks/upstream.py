@@ -36,7 +36,7 @@ from typing import Any
 ACCURACY = Path(__file__).resolve().parent.parent / "src/lmctl/metrics/accuracy"
 
 
-def _args() -> argparse.Namespace:
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("task", choices=["clm", "mlm", "plm", "swag", "eval-clm"])
     parser.add_argument("--model", required=True, help="a model directory (config + tokenizer)")
@@ -52,10 +52,11 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=5e-5)
     parser.add_argument("--eval-steps", type=int, help="evaluate every N steps (a loss curve)")
     parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--seed", type=int, default=42, help="the Trainer's seed")
     parser.add_argument("--endings", type=int, default=4, help="swag: ending0..ending{N-1}")
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--out", required=True)
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def group_recipe(raw: Any, tokenizer: Any, block_size: int, text: str, workers: int | None) -> Any:
@@ -269,7 +270,7 @@ def main() -> int:
         use_cpu=args.bf16 and not torch.cuda.is_available(),
         report_to="none",
         save_strategy="no",
-        seed=42,
+        seed=args.seed,
         **({"eval_strategy": "steps", "eval_steps": args.eval_steps} if args.eval_steps else {}),
     )
     # Per-token mean of a causal LM's eval loss (see the module's docstring).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -74,3 +75,23 @@ def test_a_grid_cell_gives_both_sides_the_same_inputs(tmp_path: Path) -> None:
     assert sorted(causal("to be or not to be")) == ["attention_mask", "input_ids"]
     masked = AutoTokenizer.from_pretrained(grid.model(Cell("mlm", hidden=64, lines="short")))
     assert "token_type_ids" in masked("to be or not to be")
+
+
+def test_the_grid_repeats_cells_at_another_seed_on_both_sides(tmp_path: Path) -> None:
+    """A repeat at the same seed would show the clock's noise only; the repeated cells draw
+    other masks, dropout and batch order, on both sides alike."""
+    from benchmarks.grid import REPEAT_SEED, REPEATED, Cell, arguments, cells, schedule
+    from benchmarks.upstream import _args
+
+    runs = schedule()
+    assert runs[: len(cells())] == cells()
+    repeats = runs[len(cells()) :]
+    assert [dataclasses.replace(cell, seed=Cell.seed) for cell in repeats] == [
+        cells()[i] for i in REPEATED
+    ]
+    assert len({cell.name for cell in runs}) == len(runs)  # every row of the page says which
+    for cell in (runs[0], repeats[0], repeats[1]):
+        upstream, lmctl = arguments(cell, tmp_path, tmp_path / "t", tmp_path / "v")
+        assert _args([*upstream, "--output-dir", "o", "--out", "r"]).seed == cell.seed
+        assert lmctl[lmctl.index("--seed") + 1] == str(cell.seed)
+    assert {cell.seed for cell in repeats} == {REPEAT_SEED} != {Cell.seed}
