@@ -382,23 +382,30 @@ def arguments(cell: Cell, model: Path, train: Path, valid: Path) -> tuple[list[s
     return [str(a) for a in upstream_args], [str(a) for a in lmctl_args]
 
 
-def schedule(quick: bool = False) -> list[Cell]:
+def schedule(quick: bool = False, seed: int | None = None) -> list[Cell]:
     """The grid's runs in order: every cell, then the repeated ones at another seed;
-    ``quick``: four steps a cell."""
+    ``quick``: four steps a cell; ``seed``: every cell once, at that seed on both sides."""
     chosen = [dataclasses.replace(c, steps=4) if quick else c for c in cells()]
+    if seed is not None:
+        return [dataclasses.replace(cell, seed=seed) for cell in chosen]
     return chosen + [dataclasses.replace(chosen[i], seed=REPEAT_SEED) for i in REPEATED]
 
 
 def run_grid(
-    work: Any, only: str | None = None, quick: bool = False, keep: Path | None = None
+    work: Any,
+    only: str | None = None,
+    quick: bool = False,
+    keep: Path | None = None,
+    seed: int | None = None,
 ) -> tuple[list[Outcome], float, int]:
     """Every cell (those whose name contains ``only``), then the repeated ones; ``quick``: four
-    steps a cell (a smoke run of the harness). ``keep``: a JSON-lines file each measured cell
-    is appended to, and read back from, so a stopped run continues where it stopped. Returns
-    the outcomes, the minutes the cells took (kept ones included) and how many were kept."""
+    steps a cell (a smoke run of the harness); ``seed``: each cell once at that seed.
+    ``keep``: a JSON-lines file each measured cell is appended to, and read back from, so a
+    stopped run continues where it stopped. Returns the outcomes, the minutes the cells took
+    (kept ones included) and how many were kept."""
     started = time.perf_counter()
     grid = GridWork(work)
-    chosen = schedule(quick)
+    chosen = schedule(quick, seed)
     order = [i for i, cell in enumerate(chosen) if not only or only in cell.name]
     outcomes: list[Outcome] = []
     kept = []
@@ -493,16 +500,25 @@ def render_grid(
             "Eval losses are per-token means on both sides. **Per step**: the training time "
             "of all steps, upstream over lmctl. `--precision auto` cells run the upstream "
             "recipe with `--bf16` where the CPU computes bfloat16 natively (fp32 elsewhere). "
-            f"Both sides run at seed {Cell.seed}; three cells run again at seed "
-            f"{REPEAT_SEED} on both sides (the same model, data and hyper-parameters, other "
-            "masks, dropout and batch order): the difference is the noise of the draws and "
-            "of the clock.",
+            + seeds(outcomes),
             "",
             *summary,
             "",
             *rows,
             END,
         ]
+    )
+
+
+def seeds(outcomes: list[Outcome]) -> str:
+    """The sentence on the seeds the grid's runs were drawn at."""
+    drawn = sorted({outcome.cell.seed for outcome in outcomes})
+    if len(drawn) == 1:
+        return f"Both sides run at seed {drawn[0]}."
+    return (
+        f"Both sides run at seed {Cell.seed}; the cells marked with another seed run again at "
+        "it on both sides (the same model, data and hyper-parameters, other masks, dropout "
+        "and batch order): the difference is the noise of the draws and of the clock."
     )
 
 

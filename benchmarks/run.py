@@ -1210,7 +1210,9 @@ def _grid(args: argparse.Namespace) -> int:
         work = Work(root, quick=False)
         machine = machine_info()
         keep = Path(args.grid_keep) if args.grid_keep else None
-        outcomes, minutes, reused = run_grid(work, args.grid_cells, args.quick, keep)
+        outcomes, minutes, reused = run_grid(
+            work, args.grid_cells, args.quick, keep, args.grid_seed
+        )
         block = render_grid(outcomes, minutes, machine, reused)
         output = Path(args.output)
         page = output.read_text(encoding="utf-8") if output.exists() else "# Benchmarks\n"
@@ -1256,6 +1258,11 @@ def main() -> int:
     parser.add_argument("--grid-cells", help="only the grid cells whose name has this text")
     parser.add_argument(
         "--grid-keep", help="JSON-lines file of measured cells: a stopped --grid run continues"
+    )
+    parser.add_argument(
+        "--grid-seed",
+        type=int,
+        help="run each grid cell once at this seed on both sides (default: 42, three again at 1)",
     )
     args = parser.parse_args()
     if args.grid:

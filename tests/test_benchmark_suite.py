@@ -80,7 +80,16 @@ def test_a_grid_cell_gives_both_sides_the_same_inputs(tmp_path: Path) -> None:
 def test_the_grid_repeats_cells_at_another_seed_on_both_sides(tmp_path: Path) -> None:
     """A repeat at the same seed would show the clock's noise only; the repeated cells draw
     other masks, dropout and batch order, on both sides alike."""
-    from benchmarks.grid import REPEAT_SEED, REPEATED, Cell, arguments, cells, schedule
+    from benchmarks.grid import (
+        REPEAT_SEED,
+        REPEATED,
+        Cell,
+        Outcome,
+        arguments,
+        cells,
+        schedule,
+        seeds,
+    )
     from benchmarks.upstream import _args
 
     runs = schedule()
@@ -95,3 +104,10 @@ def test_the_grid_repeats_cells_at_another_seed_on_both_sides(tmp_path: Path) ->
         assert _args([*upstream, "--output-dir", "o", "--out", "r"]).seed == cell.seed
         assert lmctl[lmctl.index("--seed") + 1] == str(cell.seed)
     assert {cell.seed for cell in repeats} == {REPEAT_SEED} != {Cell.seed}
+    # --grid-seed: the grid at one other seed, each cell once (a sweep over seeds).
+    assert schedule(seed=3) == [dataclasses.replace(cell, seed=3) for cell in cells()]
+    # The page says which seeds its runs were drawn at.
+    assert seeds([Outcome(cell, {}, {}) for cell in schedule(seed=3)]) == (
+        "Both sides run at seed 3."
+    )
+    assert "another seed run again" in seeds([Outcome(cell, {}, {}) for cell in runs])
