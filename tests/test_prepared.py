@@ -181,6 +181,7 @@ def test_remote_file_identity_follows_the_object() -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # 8.5 MB tokenized three times
 @pytest.mark.parametrize(
     ("objective", "options"),
     [("mlm", ["--line-by-line", "--max-seq-length", "32"]), ("clm", ["--block-size", "32"])],

@@ -155,6 +155,7 @@ def test_unsupported_output_url_is_refused(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_killed_during_an_upload_then_resumed_from_the_bucket(
     s3_store: S3Store, tmp_path: Path, bpe_tokenizer: Path, text_files: tuple[Path, Path]
 ) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import TINY_BERT, lmctl
 
 SHAPE = ("--line-by-line", "--max-seq-length", "32")
@@ -26,6 +28,7 @@ def _vocabulary(run: Path) -> dict[str, int]:
     return dict(json.loads((run / "tokenizer.json").read_text())["model"]["vocab"])
 
 
+@pytest.mark.slow
 def test_prepare_then_train_twice_use_one_tokenizer_and_one_prepared_cache(
     tmp_path: Path, text_files: tuple[Path, Path]
 ) -> None:
