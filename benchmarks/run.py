@@ -1259,10 +1259,13 @@ def main() -> int:
     parser.add_argument(
         "--grid-keep", help="JSON-lines file of measured cells: a stopped --grid run continues"
     )
+    from benchmarks.grid import REPEAT_SEED, Cell
+
     parser.add_argument(
         "--grid-seed",
         type=int,
-        help="run each grid cell once at this seed on both sides (default: 42, three again at 1)",
+        help=f"run each grid cell once at this seed on both sides (default: {Cell.seed}, "
+        f"three again at {REPEAT_SEED})",
     )
     args = parser.parse_args()
     if args.grid:
