@@ -35,6 +35,14 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import lmctl_env, run_lmctl, tokenizer_for  # noqa: E402
+from benchmarks.grid import (  # noqa: E402
+    REPEAT_SEED,
+    Cell,
+    grid_block,
+    render_grid,
+    run_grid,
+    splice,
+)
 
 UPSTREAM = ROOT / "benchmarks" / "upstream.py"
 
@@ -1194,8 +1202,6 @@ def _parallel(args: argparse.Namespace, sections: set[str]) -> list[Figure]:
 
 def _keep_grid(output: str, page: str) -> str:
     """The suite's page with the grid section that ``output`` already has (measured apart)."""
-    from benchmarks.grid import grid_block, splice
-
     path = Path(output)
     block = grid_block(path.read_text(encoding="utf-8")) if path.exists() else ""
     return splice(page, block) if block else page
@@ -1203,8 +1209,6 @@ def _keep_grid(output: str, page: str) -> str:
 
 def _grid(args: argparse.Namespace) -> int:
     """Run the grid and write its section into the page, the rest of the page kept."""
-    from benchmarks.grid import render_grid, run_grid, splice
-
     root = Path(tempfile.mkdtemp(prefix="lmctl-grid-"))
     try:
         work = Work(root, quick=False)
@@ -1259,8 +1263,6 @@ def main() -> int:
     parser.add_argument(
         "--grid-keep", help="JSON-lines file of measured cells: a stopped --grid run continues"
     )
-    from benchmarks.grid import REPEAT_SEED, Cell
-
     parser.add_argument(
         "--grid-seed",
         type=int,
