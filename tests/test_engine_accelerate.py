@@ -473,7 +473,7 @@ def test_every_scheduler_type_runs(tmp_path: Path) -> None:
 
     import torch
 
-    from lmctl.config.base import SCHEDULER_KWARGS, LrScheduler
+    from lmctl.config.values import SCHEDULER_KWARGS, LrScheduler
     from lmctl.engine.optim import make_scheduler
 
     kwargs = {"min_lr_rate": 0.1, "num_decay_steps": 3}

@@ -8,7 +8,6 @@ with their own fields and cross-field rules (see ``lmctl/objectives/``).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, ClassVar, Literal, get_args
@@ -30,103 +29,21 @@ from lmctl.config.fields import (
     PANEL_PUBLISH,
     PANEL_SCALE,
     PANEL_TRAINING,
-    flag_name,
     option,
 )
-from lmctl.storage.paths import (
-    data_extension,
-    has_glob,
-    is_remote,
-    local_folder,
-    local_folder_problem,
-    local_path,
-    matching_files,
-    url_scheme,
+from lmctl.config.problems import ConfigProblems, Problems
+from lmctl.config.values import (
+    DEEPSPEED_STAGES,
+    Dtype,
+    Engine,
+    FastPathName,
+    FsdpSharding,
+    Launcher,
+    LrScheduler,
+    Precision,
+    Strategy,
 )
-
-DATA_EXTENSIONS = ("txt", "csv", "json", "jsonl", "parquet")
-LrScheduler = Literal[
-    "linear",
-    "cosine",
-    "cosine_with_restarts",
-    "polynomial",
-    "constant",
-    "constant_with_warmup",
-    "inverse_sqrt",
-    "reduce_lr_on_plateau",
-    "cosine_with_min_lr",
-    "warmup_stable_decay",
-]
-Strategy = Literal["no", "steps", "epoch"]
-Dtype = Literal["auto", "bfloat16", "float16", "float32"]
-Engine = Literal["trainer", "accelerate"]
-Precision = Literal["auto", "fp32", "bf16", "fp16"]
-FsdpSharding = Literal["full", "hybrid", "grad-op"]
-Launcher = Literal["torchrun", "accelerate"]
-#: lmctl's faster ways to train the same model (``lmctl.models.fastpaths`` decides where each
-#: runs); ``--fast-paths`` takes ``auto``, ``off`` or a comma-separated list of these.
-FastPathName = Literal[
-    "tiled-loss",
-    "fused-linear-loss",
-    "masked-head",
-    "skip-padding",
-    "sparse-embedding",
-    "fast-dropout",
-    "fused-gelu",
-    "fused-adamw",
-    "allocator",
-]
-FAST_PATH_CHOICES = ("auto", "off")
-#: ``--deepspeed`` values that name a config shipped with lmctl (ZeRO stage 1, 2 or 3).
-DEEPSPEED_STAGES = ("1", "2", "3")
-#: ``training_args`` keys (TrainingArguments fields) that the accelerate engine honours too.
-ACCELERATE_TRAINING_ARGS = frozenset(
-    {"adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler_kwargs", "use_cpu"}
-)
-#: Schedules that need ``training_args.lr_scheduler_kwargs``: name -> keys, one of which is needed.
-SCHEDULER_KWARGS = {
-    "cosine_with_min_lr": ("min_lr", "min_lr_rate"),
-    "warmup_stable_decay": ("num_decay_steps",),
-}
-_OVERRIDE_ITEM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=[^,=]*$")
-
-
-def _require_package(problems: Problems, package: str, flag: str) -> None:
-    """An optional extra that a flag needs; found without importing it."""
-    from importlib.util import find_spec
-
-    if find_spec(package) is None:
-        problems.add(
-            f"{flag} needs the {package} package, which is not installed",
-            f"pip install 'lmctl[{package}]'",
-        )
-
-
-class Problems:
-    """Collects every problem in a config so that the user sees them all at once.
-
-    ``command`` is the command the config is validated for: ``lmctl prepare`` needs a
-    tokenizer and data but no model, and never streams.
-    """
-
-    def __init__(self, command: str = "train") -> None:
-        self.items: list[tuple[str, str]] = []
-        self.command = command
-
-    def add(self, message: str, hint: str) -> None:
-        self.items.append((message, hint))
-
-    def raise_if_any(self) -> None:
-        if self.items:
-            raise ConfigProblems(self.items)
-
-
-class ConfigProblems(ValueError):
-    """Raised inside validators; the loader turns it into one ConfigError."""
-
-    def __init__(self, items: list[tuple[str, str]]) -> None:
-        super().__init__("; ".join(message for message, _ in items))
-        self.items = items
+from lmctl.storage.paths import local_folder, local_path
 
 
 class StrictModel(BaseModel):
@@ -604,282 +521,43 @@ class TrainConfig(StrictModel):
         return self
 
     def check(self, problems: Problems) -> None:
-        """Upstream cross-field rules; objectives extend this and call ``super().check``."""
-        from_pretrained = self.model_name_or_path is not None
-        if self.config_overrides is not None:
-            if from_pretrained or self.config_name is not None:
-                problems.add(
-                    "--config-overrides can't be used with --model-name-or-path or --config-name",
-                    "drop --config-overrides, or train from scratch with --model-type",
-                )
-            else:
-                for item in self.config_overrides.split(","):
-                    if not _OVERRIDE_ITEM.match(item.strip()):
-                        problems.add(
-                            f"--config-overrides: '{item}' is not key=value",
-                            "write it as comma-separated key=value pairs, e.g. n_layer=2,n_head=4",
-                        )
-                        break
-        preparing = problems.command == "prepare"
-        has_model = from_pretrained or self.config_name is not None or self.model_type is not None
-        if not has_model and not preparing:
-            problems.add(
-                "no model: give --model-name-or-path, --config-name or --model-type",
-                "e.g. --model ./my-model, or --model-type gpt2 to train from scratch",
-            )
-        if self.train_tokenizer is not None:
-            if from_pretrained:
-                problems.add(
-                    "--train-tokenizer only applies when training from scratch",
-                    "drop --train-tokenizer; a pretrained model keeps its own tokenizer",
-                )
-            if self.tokenizer_name is not None:
-                problems.add(
-                    "--train-tokenizer and --tokenizer-name can't be used together",
-                    "choose one: train a new tokenizer or load an existing one",
-                )
-        elif not from_pretrained and self.tokenizer_name is None:
-            problems.add(
-                "preparing data needs a tokenizer"
-                if preparing
-                else "training from scratch needs a tokenizer",
-                "give --tokenizer-name DIR, or --train-tokenizer VOCAB_SIZE to train one on "
-                "the training data",
-            )
-        no_data = (
-            self.dataset_name is None and self.train_file is None and self.validation_file is None
+        """The shared cross-field rules (:mod:`lmctl.config.checks`, one per slice they
+        concern); objectives extend this and call ``super().check``."""
+        from lmctl.config import checks
+        from lmctl.config.slices import SHARED_SLICES, take
+
+        cut = {name: take(kind, self) for name, kind in SHARED_SLICES.items()}
+        model, data, loop = cut["model"], cut["data"], cut["loop"]
+        changed = {
+            name
+            for name, info in type(self).model_fields.items()
+            if getattr(self, name) != info.default
+        }
+        checks.check_model(model, cut["tokenizer"], problems)
+        checks.check_data(data, cut["tokenizer"], loop, problems)
+        checks.check_imports(model, problems)
+        checks.check_precision(cut["compute"], problems)
+        checks.check_schedule(loop, cut["optimizer"], problems)
+        checks.check_fast_paths(cut["compute"], problems)
+        checks.check_engine(loop, problems)
+        checks.check_launch(cut["launch"], changed, problems)
+        checks.check_scale(cut["scale"], loop, changed, problems)
+        checks.check_adapter(cut["adapter"], model, changed, problems)
+        checks.check_publish(cut["publish"], loop, problems)
+        checks.check_streaming(data, loop, problems)
+        checks.check_locations(
+            cut["run_dir"],
+            data,
+            self.cache_dir,
+            self.training_args.get("logging_dir"),
+            problems,
         )
-        if no_data:
-            problems.add(
-                "no data: give --dataset-name or --train-file/--validation-file",
-                "e.g. --train-file corpus.txt",
-            )
-        for name in ("train_file", "validation_file"):
-            path = getattr(self, name)
-            if path is None:
-                continue
-            ext = data_extension(path)
-            if ext not in DATA_EXTENSIONS:
-                problems.add(
-                    f"{flag_name(name)} {path}: unsupported file type '.{ext}'",
-                    "use a " + ", ".join(DATA_EXTENSIONS) + " file",
-                )
-            elif not is_remote(path) and not matching_files(path):
-                problems.add(
-                    f"{flag_name(name)} {path}: "
-                    + ("no file matches" if has_glob(path) else "no such file"),
-                    "check the path (relative paths start from the current directory)",
-                )
-        if (
-            self.train_file is not None
-            and self.validation_file is not None
-            and data_extension(self.train_file) != data_extension(self.validation_file)
-        ):
-            problems.add(
-                "--train-file and --validation-file must have the same file type",
-                "convert one of them so both are txt, csv, json/jsonl or parquet",
-            )
-        # With no data at all, the one "no data" problem above says it all.
-        if not no_data and self.do_train and self.train_file is None and not self.dataset_name:
-            problems.add("--do-train needs training data", "give --train-file or --dataset-name")
-        if (
-            not no_data
-            and self.train_tokenizer is not None
-            and self.train_file is None
-            and not self.dataset_name
-        ):
-            problems.add("--train-tokenizer needs training data to learn from", "give --train-file")
-        for name in self.imports:
-            if name.endswith(".py") and not local_path(name).is_file():
-                problems.add(f"--import {name}: no such file", "check the path of the .py file")
-        if self.bf16 and self.fp16:
-            problems.add("--bf16 and --fp16 can't both be set", "choose one precision")
-        elif self.precision is not None and (self.bf16 or self.fp16):
-            flag = "--bf16" if self.bf16 else "--fp16"
-            if self.precision != flag[2:]:
-                problems.add(f"--precision {self.precision} contradicts {flag}", "keep one of them")
-        if self.warmup_ratio is not None and self.warmup_steps:
-            problems.add(
-                "--warmup-ratio and --warmup-steps can't both be set", "choose one warmup form"
-            )
-        if self.eval_strategy == "steps" and self.eval_steps is None:
-            problems.add("--eval-strategy steps needs --eval-steps", "e.g. --eval-steps 100")
-        self._check_schedule(problems)
-        self._check_fast_paths(problems)
-        if self.engine == "accelerate":
-            ignored = sorted(set(self.training_args) - ACCELERATE_TRAINING_ARGS)
-            if ignored:
-                problems.add(
-                    f"training_args {', '.join(ignored)} (or --{', --'.join(ignored)}): not "
-                    "used by --engine accelerate (it takes "
-                    f"{', '.join(sorted(ACCELERATE_TRAINING_ARGS))})",
-                    "remove them, or use --engine trainer",
-                )
-        self._check_scale(problems)
-        if not (self.do_train or self.do_eval):
-            problems.add("nothing to do: both training and evaluation are off", "drop --no-train")
-        if self.push_to is not None:
-            self._check_push(problems)
-        if self.streaming and preparing:
-            problems.add(
-                "lmctl prepare fills the cache that non-streaming runs read; it does not stream",
-                "drop 'streaming' from the config",
-            )
-        elif self.streaming and self.do_train and self.max_steps is None:
-            problems.add(
-                "--streaming needs --max-steps: a stream has no length to count epochs in",
-                "give the number of optimizer steps, e.g. --max-steps 10000",
-            )
-        self._check_locations(problems)
-        if self.resume_from_checkpoint not in (None, "auto"):
-            ckpt = self.resume_from_checkpoint
-            if url_scheme(ckpt) is None and not local_path(ckpt).is_dir():
-                problems.add(
-                    f"--resume-from-checkpoint {ckpt}: no such directory",
-                    "give a checkpoint directory, or 'auto' for the newest in --output-dir",
-                )
-
-    def _check_locations(self, problems: Problems) -> None:
-        """Folder options given a URL: the run directory may be remote (see
-        :mod:`lmctl.storage.locations`), the others live on the local disk; no URL is ever
-        taken for a local path."""
-        from lmctl.storage.locations import run_location_problem
-
-        found = [run_location_problem("--output-dir", self.output_dir)]
-        found.append(
-            local_folder_problem(
-                "--resume-from-checkpoint",
-                self.resume_from_checkpoint,
-                "to continue a run kept in a bucket, run 'lmctl resume URL'",
-            )
-        )
-        for name in ("prepared_cache_dir", "cache_dir", "staging_dir"):
-            found.append(
-                local_folder_problem(
-                    flag_name(name), getattr(self, name), "give a folder on the local disk"
-                )
-            )
-        found.append(
-            local_folder_problem(
-                "training_args.logging_dir",
-                self.training_args.get("logging_dir"),
-                "give a folder on the local disk (by default the logs go into the run "
-                "directory's runs/ folder)",
-            )
-        )
-        for problem in found:
-            if problem is not None:
-                problems.add(*problem)
-
-    def _changed(self, name: str) -> bool:
-        return bool(getattr(self, name) != type(self).model_fields[name].default)
-
-    def _check_scale(self, problems: Problems) -> None:
-        """Launcher, sharding and adapter rules (see ``lmctl.run.launch`` and the engines)."""
-        if self.nproc is None:
-            for name in ("nnodes", "node_rank", "master_addr", "master_port", "max_restarts"):
-                if self._changed(name):
-                    problems.add(
-                        f"{flag_name(name)} only applies with --nproc",
-                        "add --nproc N (processes per machine), or drop it",
-                    )
-        if self.nnodes > 1 and self.master_addr is None:
-            problems.add(
-                f"--nnodes {self.nnodes} needs --master-addr",
-                "give the address of the machine started with --node-rank 0",
-            )
-        if self.node_rank >= self.nnodes:
-            problems.add(
-                f"--node-rank {self.node_rank} is not below --nnodes {self.nnodes}",
-                "number the machines 0 .. nnodes-1",
-            )
-        if self.deepspeed is not None:
-            if self.fsdp:
-                problems.add(
-                    "--deepspeed and --fsdp can't be used together", "choose one way to shard"
-                )
-            if self.deepspeed not in DEEPSPEED_STAGES and not local_path(self.deepspeed).is_file():
-                problems.add(
-                    f"--deepspeed {self.deepspeed}: no such file, and not a ZeRO stage",
-                    "give a DeepSpeed config .json file, or 1, 2 or 3 for a shipped one",
-                )
-        if self.deepspeed is not None or "deepspeed" in self.training_args:
-            _require_package(problems, "deepspeed", "--deepspeed")
-        if self.fsdp and self.fsdp_sharding == "hybrid" and self.engine == "accelerate":
-            problems.add(
-                "--fsdp-sharding hybrid is not available with --engine accelerate",
-                "use --engine trainer, or --fsdp-sharding full",
-            )
-        if not self.fsdp:
-            for name in ("fsdp_sharding", "fsdp_auto_wrap", "fsdp_cpu_offload"):
-                if self._changed(name):
-                    problems.add(f"{flag_name(name)} needs --fsdp", "add --fsdp, or drop it")
-        if self.peft is None:
-            for name in ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"):
-                if self._changed(name):
-                    problems.add(f"{flag_name(name)} needs --peft lora", "add --peft lora")
-            if self.merge_adapter:
-                problems.add("--merge-adapter needs --peft lora", "add --peft lora")
-        else:
-            _require_package(problems, "peft", "--peft")
-            if self.model_name_or_path is None and problems.command != "prepare":
-                problems.add(
-                    "--peft lora adapts a pretrained model",
-                    "give --model-name-or-path, or train every weight (drop --peft)",
-                )
 
     def fast_path_names(self) -> frozenset[str] | None:
         """The paths a ``--fast-paths`` list names (None for auto and off)."""
-        if self.fast_paths in FAST_PATH_CHOICES:
-            return None
-        return frozenset(self.fast_paths.split(","))
+        from lmctl.config.slices import ComputeSpec, take
 
-    def _check_fast_paths(self, problems: Problems) -> None:
-        known = get_args(FastPathName)
-        unknown = sorted((self.fast_path_names() or frozenset()) - set(known))
-        if unknown:
-            problems.add(
-                f"--fast-paths {self.fast_paths}: {', '.join(repr(n) for n in unknown)} "
-                f"{'is not a fast path' if len(unknown) == 1 else 'are not fast paths'}",
-                f"give auto, off, or a comma-separated list of: {', '.join(known)}",
-            )
-
-    def _check_schedule(self, problems: Problems) -> None:
-        if self.lr_scheduler_type == "reduce_lr_on_plateau" and self.eval_strategy == "no":
-            problems.add(
-                "--lr-scheduler-type reduce_lr_on_plateau needs evaluations during training",
-                "add --eval-strategy epoch (or steps with --eval-steps)",
-            )
-        needed = SCHEDULER_KWARGS.get(self.lr_scheduler_type)
-        given = self.training_args.get("lr_scheduler_kwargs") or {}
-        if needed and not any(key in given for key in needed):
-            problems.add(
-                f"--lr-scheduler-type {self.lr_scheduler_type} needs "
-                f"training_args.lr_scheduler_kwargs.{' or '.join(needed)}",
-                f"set it in the config file, e.g. training_args: {{lr_scheduler_kwargs: "
-                f"{{{needed[0]}: ...}}}}",
-            )
-
-    def _check_push(self, problems: Problems) -> None:
-        from lmctl.errors import ConfigError
-        from lmctl.storage.locations import parse_location
-
-        assert self.push_to is not None
-        try:
-            location = parse_location(self.push_to, "--push-to")
-        except ConfigError as exc:
-            problems.add(exc.message, exc.hint or "")
-            return
-        if self.push_private and not location.is_hub:
-            problems.add(
-                "--push-private only applies to a Hub destination (hf://)",
-                "drop --push-private, or push to hf://NAMESPACE/REPO",
-            )
-        if not self.do_train:
-            problems.add(
-                "--push-to needs --do-train: there is no trained model to publish",
-                "drop --push-to, or publish an existing model with 'lmctl push DIR --to DEST'",
-            )
+        return take(ComputeSpec, self).fast_path_names()
 
     def resolved_output_dir(self) -> str:
         if self.output_dir is not None:
@@ -887,12 +565,10 @@ class TrainConfig(StrictModel):
         return os.path.join("runs", f"{self.objective}-{datetime.now():%Y%m%d-%H%M%S}")
 
     def mixed_precision(self, native_bf16: Callable[[], bool]) -> Literal["bf16", "fp16"] | None:
-        """The autocast dtype to train in (None: fp32); ``native_bf16`` asks the hardware,
-        and only for --precision auto."""
-        requested = self.precision or ("bf16" if self.bf16 else "fp16" if self.fp16 else "fp32")
-        if requested == "auto":
-            return "bf16" if native_bf16() else None
-        return None if requested == "fp32" else requested
+        """The autocast dtype to train in (see :meth:`ComputeSpec.mixed_precision`)."""
+        from lmctl.config.slices import ComputeSpec, take
+
+        return take(ComputeSpec, self).mixed_precision(native_bf16)
 
     def token_value(self) -> str | None:
         if self.token is not None:

@@ -31,8 +31,9 @@ a flag, its field and the slice that reads it are found by one search.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from lmctl import secrets
 
@@ -183,6 +184,14 @@ class ComputeSpec:
     def requested_precision(self) -> str:
         """``auto``, ``fp32``, ``bf16`` or ``fp16``, as the flags ask."""
         return self.precision or ("bf16" if self.bf16 else "fp16" if self.fp16 else "fp32")
+
+    def mixed_precision(self, native_bf16: Callable[[], bool]) -> Literal["bf16", "fp16"] | None:
+        """The autocast dtype to train in (None: fp32); ``native_bf16`` asks the hardware,
+        and only for --precision auto."""
+        requested = self.requested_precision
+        if requested == "auto":
+            return "bf16" if native_bf16() else None
+        return None if requested == "fp32" else requested  # type: ignore[return-value]
 
     def fast_path_names(self) -> frozenset[str] | None:
         """The paths a ``--fast-paths`` list names (None for auto and off)."""
