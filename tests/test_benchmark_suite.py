@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks.run import Figure, interleave, render
+from benchmarks.figures import Figure, interleave, render
 
 from tests.conftest import minilm_path
 
