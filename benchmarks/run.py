@@ -11,8 +11,9 @@ Models are initialised once and saved, so both sides start from the same weights
 The suite's parts: ``figures.py`` (a figure of both sides, alternating runs, the page),
 ``workload.py`` (generated text, saved models, the machine, the baseline's runs), the sections
 (``preparation.py``: start-up, preprocessing; ``training.py``: training, MFU; ``lifecycle.py``:
-evaluation, resume, remote, end to end) and ``grid.py`` (``--grid``). This file is the
-command line: it runs the sections chosen, in order or in groups of processes.
+evaluation, resume, remote, end to end), and ``grid.py`` and ``grid_page.py`` (``--grid``).
+This file is the command line: it runs the sections chosen, in order or in groups of
+processes.
 """
 
 from __future__ import annotations
@@ -38,14 +39,8 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.figures import GROUPS, Figure, render  # noqa: E402
-from benchmarks.grid import (  # noqa: E402
-    REPEAT_SEED,
-    Cell,
-    grid_block,
-    render_grid,
-    run_grid,
-    splice,
-)
+from benchmarks.grid import REPEAT_SEED, Cell, run_grid  # noqa: E402
+from benchmarks.grid_page import grid_block, render_grid, splice  # noqa: E402
 from benchmarks.lifecycle import end_to_end, evaluation, remote, resume  # noqa: E402
 from benchmarks.preparation import preprocessing, startup  # noqa: E402
 from benchmarks.training import mfu, training  # noqa: E402

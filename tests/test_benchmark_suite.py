@@ -88,8 +88,8 @@ def test_the_grid_repeats_cells_at_another_seed_on_both_sides(tmp_path: Path) ->
         arguments,
         cells,
         schedule,
-        seeds,
     )
+    from benchmarks.grid_page import seeds
     from benchmarks.upstream import _args
 
     runs = schedule()
