@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks.run import Figure, interleave, render
+from benchmarks.figures import Figure, interleave, render
 
 from tests.conftest import minilm_path
 
@@ -88,8 +88,8 @@ def test_the_grid_repeats_cells_at_another_seed_on_both_sides(tmp_path: Path) ->
         arguments,
         cells,
         schedule,
-        seeds,
     )
+    from benchmarks.grid_page import seeds
     from benchmarks.upstream import _args
 
     runs = schedule()

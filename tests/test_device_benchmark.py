@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from benchmarks import device
+from benchmarks import device_page, device_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,7 @@ def _script(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_runs_cover_both_models_engines_and_settings_and_the_sharded_ones() -> None:
-    labels = [run.label for run in device.plan(smoke=False)]
+    labels = [run.label for run in device_runs.plan(smoke=False)]
     for model in ("gpt2", "bert"):
         for engine in ("trainer", "accelerate"):
             assert f"{model}-{engine}-off" in labels and f"{model}-{engine}-all" in labels
@@ -38,15 +38,15 @@ def test_the_runs_cover_both_models_engines_and_settings_and_the_sharded_ones() 
     # The most telling runs first: a budget cut drops the last ones.
     assert labels[:3] == ["gpt2-trainer-off", "gpt2-trainer-all", "gpt2-trainer-fused-linear-loss"]
     assert len(labels) == len(set(labels))
-    assert device.GPT2.vocab == 50257 and device.BERT.vocab == 30522
+    assert device_runs.GPT2.vocab == 50257 and device_runs.BERT.vocab == 30522
 
 
 def test_dry_run_lists_every_run_with_its_lmctl_command() -> None:
     proc = _script("--dry-run")
     assert proc.returncode == 0, proc.stderr
     lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
-    assert len(lines) == len(device.plan(smoke=False))
-    every = ",".join(name for name in device.FAST_PATHS if name != "fused-linear-loss")
+    assert len(lines) == len(device_runs.plan(smoke=False))
+    every = ",".join(name for name in device_runs.FAST_PATHS if name != "fused-linear-loss")
     assert f"--fast-paths {every} " in lines["gpt2-trainer-all"]
     assert "--fast-paths fused-linear-loss " in lines["gpt2-trainer-fused-linear-loss"]
     assert "--fast-paths off " in lines["bert-accelerate-off"]
@@ -65,31 +65,31 @@ def test_an_unknown_run_is_refused_with_the_names() -> None:
 def test_the_inputs_have_the_models_vocabulary_and_the_sharding_configs(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    small = device.Model("gpt2", "tiny", "clm", "gpt2", 16, 2, 50)
-    device.write_inputs(tmp_path, device.Run(small, "trainer", "auto", "fsdp1"), steps=3)
-    tokenizer_dir, text = device.data_paths(tmp_path, small)
+    small = device_runs.Model("gpt2", "tiny", "clm", "gpt2", 16, 2, 50)
+    device_runs.write_inputs(tmp_path, device_runs.Run(small, "trainer", "auto", "fsdp1"), steps=3)
+    tokenizer_dir, text = device_runs.data_paths(tmp_path, small)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     assert len(tokenizer) == 50 and tokenizer.eos_token_id == 49
     ids = tokenizer(text.read_text().splitlines()[0])["input_ids"]
     assert len(ids) == 64 and max(ids) < 49
     options = json.loads((tmp_path / "fsdp1.json").read_text())["training_args"]
     assert options == {"fsdp": "full_shard", "fsdp_config": {"version": 1}}
-    device.write_inputs(tmp_path, device.Run(small, "trainer", "auto", "zero2"), steps=3)
+    device_runs.write_inputs(tmp_path, device_runs.Run(small, "trainer", "auto", "zero2"), steps=3)
     zero2 = json.loads((tmp_path / "zero2.json").read_text())
     assert zero2["zero_optimization"]["stage"] == 2 and zero2["optimizer"]["type"] == "AdamW"
 
 
 def test_mfu_counts_gpt2_124m_as_upstream_does() -> None:
-    params, per_token = device.flops_per_token(device.GPT2)
+    params, per_token = device_page.flops_per_token(device_runs.GPT2)
     assert 123e6 < params < 125e6
     assert per_token == 6 * params + 12 * 12 * 1024 * 768
-    assert device.bf16_peak("NVIDIA H100 PCIe", None) == (
+    assert device_page.bf16_peak("NVIDIA H100 PCIe", None) == (
         756.5,
         "datasheet dense bf16 of the H100 PCIe",
     )
-    assert device.bf16_peak("NVIDIA H100 80GB HBM3", None)[0] == 989.4
-    assert device.bf16_peak("Some GPU", 100.0) == (100.0, "--peak-tflops")
-    assert device.bf16_peak("Some GPU", None)[0] is None
+    assert device_page.bf16_peak("NVIDIA H100 80GB HBM3", None)[0] == 989.4
+    assert device_page.bf16_peak("Some GPU", 100.0) == (100.0, "--peak-tflops")
+    assert device_page.bf16_peak("Some GPU", None)[0] is None
 
 
 def test_without_a_gpu_it_refuses_to_measure() -> None:
