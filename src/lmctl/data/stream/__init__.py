@@ -9,21 +9,12 @@ composed with :func:`functools.partial`: a reader with its paths, credentials an
 bound (the shard left free), then the tokenize-and-group step with the tokenizer and block
 size bound.
 
-What is streamed (assembled here): blocks of concatenated tokens (:func:`block_streams`), or
-one example per line or record (:func:`example_streams`, for ``--line-by-line`` and multiple
-choice), each tokenized by an encoder that the objective hands in: the same function that its
-prepared (non-streaming) data goes through.
-
-* :mod:`.sources`: each split's shards and reader (a text source reads one text column, a
-  record source whole records), and the validation part held out of training files.
-* :mod:`.readers`: txt and JSON-lines files (local or any fsspec URL) cut into byte ranges on
-  line boundaries, at least one per rank and dataloader worker, so a single large file feeds
-  many readers; Hub datasets, csv, parquet and JSON arrays read through ``datasets``
-  streaming, whose shards are the files (or row groups) that ``datasets`` knows about.
-* :mod:`.positions`: order and resume. The training stream shuffles its shard order each pass
-  and the examples of each shard in windows; every training example carries its position,
-  the engine keeps the last one of each shard and worker in every checkpoint, and a resumed
-  reader seeks straight there.
+Assembled here: blocks of concatenated tokens (:func:`block_streams`), or one example per
+line or record (:func:`example_streams`, for ``--line-by-line`` and multiple choice), each
+tokenized by an encoder that the objective hands in: the same function that its prepared
+(non-streaming) data goes through. Each split's shards and reader come from :mod:`.sources`,
+the shards are read by :mod:`.readers`, and :mod:`.positions` lets a resumed run read on
+from where the training stream was.
 """
 
 from __future__ import annotations

@@ -54,10 +54,8 @@ class StreamPlan:
     def seek(self, worker: int, shard: int) -> tuple[int, list[int] | None]:
         """Placeholders to yield first, and the position to read on from (None: the
         shard's start)."""
-        if self.resume is None or self.epoch != self.resume_epoch:
-            return 0, None
-        record = self.resume.get((worker, shard))
-        if record is None:
+        record = (self.resume or {}).get((worker, shard))
+        if record is None or self.epoch != self.resume_epoch:
             return 0, None
         return record[0], record[1:]
 

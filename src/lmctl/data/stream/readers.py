@@ -1,6 +1,8 @@
-"""Reading the shards of a stream: byte ranges of txt and JSON-lines files, cut on line
-boundaries (a line belongs to the range holding its first byte), and the shards of a
-``datasets`` stream. Every reader yields batches with a key to start again from."""
+"""Reading the shards of a stream, each batch with a key to start again from. txt and
+JSON-lines files (local or any fsspec URL) are cut into byte ranges on line boundaries (a line
+belongs to the range holding its first byte), at least one per reader, so that a single large
+file still feeds many readers. Hub datasets, csv, parquet and JSON arrays are read through
+``datasets`` streaming; their shards are the files (or row groups) that ``datasets`` knows."""
 
 from __future__ import annotations
 

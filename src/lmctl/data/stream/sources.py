@@ -124,20 +124,16 @@ def _line_sources(
     *,
     records: bool,
 ) -> dict[str, TextSource]:
-    splits: dict[str, tuple[str, tuple[float, float]]] = {}
     held_out = need_eval and data.validation_file is None
     if held_out:
         require_hold_out(data.validation_split_percentage)
     cut = data.validation_split_percentage / 100 if held_out else 0.0
+    splits: dict[str, tuple[Any, tuple[float, float]]] = {}
     if need_train:
-        assert data.train_file is not None
         splits["train"] = (data.train_file, (cut, 1.0))
     if need_eval:
-        if data.validation_file is not None:
-            splits["validation"] = (data.validation_file, (0.0, 1.0))
-        else:
-            assert data.train_file is not None
-            splits["validation"] = (data.train_file, (0.0, cut))
+        whole = (data.validation_file, (0.0, 1.0))
+        splits["validation"] = (data.train_file, (0.0, cut)) if held_out else whole
     sources = {}
     for split, (path, (low, high)) in splits.items():
         files = [(file, file_size(file)) for file in expand(path)]
@@ -163,8 +159,8 @@ def _line_sources(
             reader = partial(read_json_lines, column=None)
             sources[split] = TextSource(where, shards, readers, reader, columns)
         else:
-            reader = _line_reader(data.text_column, names, text_options)
-            sources[split] = TextSource(where, shards, readers, reader)
+            lines = _line_reader(data.text_column, names, text_options)
+            sources[split] = TextSource(where, shards, readers, lines)
     return sources
 
 
