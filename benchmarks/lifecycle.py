@@ -220,8 +220,12 @@ def _stream_position_after(
     from transformers import AutoTokenizer
 
     from lmctl.config.loader import build_config
+    from lmctl.config.slices import Access, DataSpec, take
     from lmctl.console import Console, OutputOptions
     from lmctl.data import stream
+    from lmctl.data.stream.positions import POSITION_COLUMN, stream_cursor, strip_positions
+    from lmctl.data.stream.sources import Readers, load_sources
+    from lmctl.distributed import world_size
     from lmctl.objectives.clm import ClmConfig
 
     config = build_config(
@@ -237,20 +241,28 @@ def _stream_position_after(
             "shuffle_buffer_size": 1000,
         },
     )
-    sources = stream.load_sources(
-        config, need_train=True, need_eval=False, text_options={"keep_linebreaks": True}
+    spec = take(DataSpec, config)
+    sources = load_sources(
+        spec,
+        take(Access, config),
+        Readers(world_size(), config.dataloader_num_workers),
+        need_train=True,
+        need_eval=False,
+        text_options={"keep_linebreaks": True},
     )
     tokenizer = AutoTokenizer.from_pretrained(model)
     console = Console(OutputOptions(quiet=True))
-    train = stream.block_streams(config, sources, tokenizer, block, console)["train"]
-    cursor = stream.stream_cursor(train)
+    train = stream.block_streams(spec, sources, tokenizer, block, console, seed=config.seed)[
+        "train"
+    ]
+    cursor = stream_cursor(train)
     assert cursor is not None
     cursor.begin_pass(0)
     examples = iter(train)
     for _ in range(count // batch):
         features = [next(examples) for _ in range(batch)]
-        _, mark, _ = stream.strip_positions(features)
-        cursor.take({stream.POSITION_COLUMN: torch.tensor([mark])})
+        _, mark, _ = strip_positions(features)
+        cursor.take({POSITION_COLUMN: torch.tensor([mark])})
     return {"epoch": 0, "batches": count // batch, "rank": 0, "readers": cursor.state()}
 
 

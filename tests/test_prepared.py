@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from lmctl.config.loader import build_config
+from lmctl.config.slices import Access, DataSpec, take
 from lmctl.console import Console, OutputOptions
 from lmctl.data import prepared
 from lmctl.data.load import load_raw
@@ -46,7 +47,13 @@ def _prepare(
             **values,
         },
     )
-    raw = load_raw(config, need_eval=config.do_eval, text_options={"keep_linebreaks": True})
+    raw = load_raw(
+        take(DataSpec, config),
+        take(Access, config),
+        do_train=config.do_train,
+        need_eval=config.do_eval,
+        text_options={"keep_linebreaks": True},
+    )
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     log = io.StringIO()
     with contextlib.redirect_stderr(log):
@@ -157,12 +164,12 @@ def test_overwrite_cache_keeps_what_another_rank_just_built(
 def test_cache_root_default_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     config = ClmConfig.model_construct(prepared_cache_dir=None)
     monkeypatch.setenv("LMCTL_CACHE", "/somewhere")
-    assert cache_root(config) == Path("/somewhere/prepared")
+    assert cache_root(take(DataSpec, config)) == Path("/somewhere/prepared")
     monkeypatch.delenv("LMCTL_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
-    assert cache_root(config) == Path("/xdg/lmctl/prepared")
+    assert cache_root(take(DataSpec, config)) == Path("/xdg/lmctl/prepared")
     explicit = ClmConfig.model_construct(prepared_cache_dir="~/mine")
-    assert cache_root(explicit) == Path("~/mine").expanduser()
+    assert cache_root(take(DataSpec, explicit)) == Path("~/mine").expanduser()
 
 
 def test_remote_file_identity_follows_the_object() -> None:

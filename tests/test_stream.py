@@ -11,8 +11,12 @@ from typing import Any
 import pytest
 
 from lmctl.config.loader import build_config
+from lmctl.config.slices import Access, DataSpec, take
 from lmctl.console import Console, OutputOptions
 from lmctl.data import stream
+from lmctl.data.stream import positions, readers
+from lmctl.data.stream.sources import Readers, TextSource, load_sources
+from lmctl.distributed import world_size
 from lmctl.errors import ConfigError, DataError
 from lmctl.objectives.clm import ClmConfig
 from lmctl.objectives.common import tokenize_lines
@@ -33,7 +37,7 @@ def _read_all(shards: list[stream.Shard], keep: bool = True) -> list[str]:
     return [
         line
         for shard in shards
-        for _, batch in stream.read_text_lines(shard, keep_linebreaks=keep)
+        for _, batch in readers.read_text_lines(shard, keep_linebreaks=keep)
         for line in batch
     ]
 
@@ -43,7 +47,7 @@ def test_byte_ranges_hold_every_line_once(tmp_path: Path, count: int) -> None:
     path = tmp_path / "tricky.txt"
     path.write_bytes(TRICKY_TEXT.encode())
     size = path.stat().st_size
-    shards = stream.plan_shards([(str(path), size)], (0, size), readers=count)
+    shards = readers.plan_shards([(str(path), size)], (0, size), readers=count)
     assert len(shards) == count
     assert _read_all(shards) == TRICKY_TEXT.splitlines(keepends=True)
     assert _read_all(shards, keep=False) == TRICKY_TEXT.splitlines()
@@ -58,7 +62,7 @@ def test_shards_span_several_files_and_skip_empty_ones(tmp_path: Path) -> None:
         files.append((str(path), len(text.encode())))
     total = sum(size for _, size in files)
     for count in (1, 2, 5, 11):
-        shards = stream.plan_shards(files, (0, total), readers=count)
+        shards = readers.plan_shards(files, (0, total), readers=count)
         assert _read_all(shards, keep=False) == ["one", "two", "three", "four", "five", "six"]
 
 
@@ -67,10 +71,10 @@ def test_fsspec_urls_are_read_in_byte_ranges() -> None:
 
     memory = fsspec.filesystem("memory")
     memory.pipe("/lmctl-test/corpus.txt", TRICKY_TEXT.encode())
-    [url] = stream.expand("memory://lmctl-test/*.txt")
-    size = stream.file_size(url)
+    [url] = readers.expand("memory://lmctl-test/*.txt")
+    size = readers.file_size(url)
     assert size == len(TRICKY_TEXT.encode())
-    shards = stream.plan_shards([(url, size)], (0, size), readers=4)
+    shards = readers.plan_shards([(url, size)], (0, size), readers=4)
     assert _read_all(shards) == TRICKY_TEXT.splitlines(keepends=True)
 
 
@@ -79,17 +83,17 @@ def test_json_lines_reader(tmp_path: Path) -> None:
     records = [{"id": 1, "text": "alpha"}, {"id": 2, "text": None}, {"id": 3, "text": "gamma"}]
     path.write_text("\n".join(json.dumps(r) for r in records) + "\n\n")
     size = path.stat().st_size
-    shards = stream.plan_shards([(str(path), size)], (0, size), readers=3)
+    shards = readers.plan_shards([(str(path), size)], (0, size), readers=3)
     texts = [
         text
         for shard in shards
-        for _, batch in stream.read_json_lines(shard, column="text")
+        for _, batch in readers.read_json_lines(shard, column="text")
         for text in batch
     ]
     assert texts == ["alpha", "", "gamma"]
 
 
-def _source_texts(source: stream.TextSource) -> list[str]:
+def _source_texts(source: TextSource) -> list[str]:
     return [text for shard in source.shards for _, batch in source.read(shard) for text in batch]
 
 
@@ -172,15 +176,22 @@ def test_two_ranks_two_workers_read_every_line_once(
     else:
         (tmp_path / "big.txt").write_text("".join(f"w{n}\n" for n in range(lines)))
         train_file = str(tmp_path / "big.txt")
-        monkeypatch.setattr(stream, "SHARD_BYTES", 4096)  # a 'large' file of many shards
+        monkeypatch.setattr(readers, "SHARD_BYTES", 4096)  # a 'large' file of many shards
     monkeypatch.setenv("WORLD_SIZE", "2")
     config = _config(train_file, tmp_path, dataloader_num_workers=2, shuffle_buffer_size=64)
-    sources = stream.load_sources(
-        config, need_train=True, need_eval=False, text_options={"keep_linebreaks": True}
+    sources = load_sources(
+        take(DataSpec, config),
+        take(Access, config),
+        Readers(world_size(), config.dataloader_num_workers),
+        need_train=True,
+        need_eval=False,
+        text_options={"keep_linebreaks": True},
     )
     assert len(sources["train"].shards) % 4 == 0
     console = Console(OutputOptions(quiet=True))
-    streams = stream.block_streams(config, sources, _line_tokenizer(lines), 1, console)
+    streams = stream.block_streams(
+        take(DataSpec, config), sources, _line_tokenizer(lines), 1, console, seed=config.seed
+    )
 
     per_rank = _read_as_ranks(streams["train"], how)
 
@@ -197,10 +208,17 @@ def test_stream_is_deterministic_for_a_seed(tmp_path: Path) -> None:
 
     def order(seed: int) -> list[int]:
         config = _config(str(tmp_path / "c.txt"), tmp_path, seed=seed, shuffle_buffer_size=50)
-        sources = stream.load_sources(
-            config, need_train=True, need_eval=False, text_options={"keep_linebreaks": True}
+        sources = load_sources(
+            take(DataSpec, config),
+            take(Access, config),
+            Readers(world_size(), config.dataloader_num_workers),
+            need_train=True,
+            need_eval=False,
+            text_options={"keep_linebreaks": True},
         )
-        train = stream.block_streams(config, sources, tokenizer, 1, console)["train"]
+        train = stream.block_streams(
+            take(DataSpec, config), sources, tokenizer, 1, console, seed=config.seed
+        )["train"]
         return [example["input_ids"][0] for example in train]
 
     first = order(1)
@@ -213,8 +231,13 @@ def test_held_out_part_and_train_part_cover_the_file(tmp_path: Path) -> None:
     path = tmp_path / "c.txt"
     path.write_text("".join(f"line {n}\n" for n in range(1000)))
     config = _config(str(path), tmp_path, do_eval=True, validation_split_percentage=10)
-    sources = stream.load_sources(
-        config, need_train=True, need_eval=True, text_options={"keep_linebreaks": False}
+    sources = load_sources(
+        take(DataSpec, config),
+        take(Access, config),
+        Readers(world_size(), config.dataloader_num_workers),
+        need_train=True,
+        need_eval=True,
+        text_options={"keep_linebreaks": False},
     )
     validation = _source_texts(sources["validation"])
     train = _source_texts(sources["train"])
@@ -230,10 +253,17 @@ def test_blocks_are_the_concatenated_tokens(tmp_path: Path, bpe_tokenizer: Path)
     path.write_text("".join(lines))
     tokenizer = AutoTokenizer.from_pretrained(bpe_tokenizer)
     config = _config(str(path), bpe_tokenizer, shuffle_buffer_size=0)
-    sources = stream.load_sources(
-        config, need_train=True, need_eval=False, text_options={"keep_linebreaks": True}
+    sources = load_sources(
+        take(DataSpec, config),
+        take(Access, config),
+        Readers(world_size(), config.dataloader_num_workers),
+        need_train=True,
+        need_eval=False,
+        text_options={"keep_linebreaks": True},
     )
-    blocks = stream.block_streams(config, sources, tokenizer, 16, Console(OutputOptions()))
+    blocks = stream.block_streams(
+        take(DataSpec, config), sources, tokenizer, 16, Console(OutputOptions()), seed=config.seed
+    )
     got = [token for example in blocks["train"] for token in example["input_ids"]]
     expected = [token for ids in tokenizer(lines)["input_ids"] for token in ids]
     assert got == expected[: len(expected) // 16 * 16]
@@ -246,8 +276,13 @@ def test_line_streams_keep_one_example_per_line(tmp_path: Path, bpe_tokenizer: P
     path.write_text("short\n\n   \n" + "long " * 100 + "\nlast\n")
     tokenizer = AutoTokenizer.from_pretrained(bpe_tokenizer)
     config = _config(str(path), bpe_tokenizer, shuffle_buffer_size=0)
-    sources = stream.load_sources(
-        config, need_train=True, need_eval=False, text_options={"keep_linebreaks": False}
+    sources = load_sources(
+        take(DataSpec, config),
+        take(Access, config),
+        Readers(world_size(), config.dataloader_num_workers),
+        need_train=True,
+        need_eval=False,
+        text_options={"keep_linebreaks": False},
     )
     lines = tokenize_lines(config, sources, tokenizer, 8, Console(OutputOptions()))
     examples = list(lines["train"])
@@ -262,20 +297,37 @@ def test_too_little_data_for_one_block_fails_early(tmp_path: Path, bpe_tokenizer
     path = tmp_path / "c.txt"
     path.write_text("tiny\n")
     config = _config(str(path), bpe_tokenizer)
-    sources = stream.load_sources(
-        config, need_train=True, need_eval=False, text_options={"keep_linebreaks": True}
+    sources = load_sources(
+        take(DataSpec, config),
+        take(Access, config),
+        Readers(world_size(), config.dataloader_num_workers),
+        need_train=True,
+        need_eval=False,
+        text_options={"keep_linebreaks": True},
     )
     tokenizer = AutoTokenizer.from_pretrained(bpe_tokenizer)
     with pytest.raises(DataError, match="too few tokens for one block of 64"):
-        stream.block_streams(config, sources, tokenizer, 64, Console(OutputOptions(quiet=True)))
+        stream.block_streams(
+            take(DataSpec, config),
+            sources,
+            tokenizer,
+            64,
+            Console(OutputOptions(quiet=True)),
+            seed=config.seed,
+        )
 
 
 def test_tokenizer_sample_reads_the_start_of_the_stream(tmp_path: Path) -> None:
     path = tmp_path / "c.txt"
     path.write_text("".join(f"line {n}\n" for n in range(10000)))
     config = _config(str(path), tmp_path)
-    sources = stream.load_sources(
-        config, need_train=True, need_eval=False, text_options={"keep_linebreaks": False}
+    sources = load_sources(
+        take(DataSpec, config),
+        take(Access, config),
+        Readers(world_size(), config.dataloader_num_workers),
+        need_train=True,
+        need_eval=False,
+        text_options={"keep_linebreaks": False},
     )
     sample = [text for batch in sources["train"].texts(limit_bytes=1000) for text in batch]
     assert sample[0] == "line 0"
@@ -287,8 +339,13 @@ def test_sources_compose_with_partial(tmp_path: Path) -> None:
     path = tmp_path / "c.txt"
     path.write_text("a\nb\n")
     config = _config(str(path), tmp_path)
-    source = stream.load_sources(
-        config, need_train=True, need_eval=False, text_options={"keep_linebreaks": False}
+    source = load_sources(
+        take(DataSpec, config),
+        take(Access, config),
+        Readers(world_size(), config.dataloader_num_workers),
+        need_train=True,
+        need_eval=False,
+        text_options={"keep_linebreaks": False},
     )["train"]
     assert isinstance(source.read, partial)
     assert source.read.keywords == {"keep_linebreaks": False}
@@ -322,15 +379,27 @@ def _train_stream(kind: str, tmp_path: Path, lines: int, **values: Any) -> Any:
             text = "".join(f"w{n}\n" + ("\n" if n % 5 == 0 else "") for n in range(lines))
             path.write_text(text)
     config = _config(str(path), tmp_path, **values)
-    sources = stream.load_sources(
-        config, need_train=True, need_eval=False, text_options={"keep_linebreaks": True}
+    sources = load_sources(
+        take(DataSpec, config),
+        take(Access, config),
+        Readers(world_size(), config.dataloader_num_workers),
+        need_train=True,
+        need_eval=False,
+        text_options={"keep_linebreaks": True},
     )
     console = Console(OutputOptions(quiet=True))
     if kind == "blocks":
-        return stream.block_streams(config, sources, _line_tokenizer(lines), 3, console)["train"]
-    return stream.example_streams(config, sources, {"train": _line_ids}, console, unit="line")[
-        "train"
-    ]
+        return stream.block_streams(
+            take(DataSpec, config), sources, _line_tokenizer(lines), 3, console, seed=config.seed
+        )["train"]
+    return stream.example_streams(
+        take(DataSpec, config),
+        sources,
+        {"train": _line_ids},
+        console,
+        seed=config.seed,
+        unit="line",
+    )["train"]
 
 
 def _loader(dataset: Any, workers: int) -> Any:
@@ -350,17 +419,17 @@ def test_a_resumed_stream_seeks_to_each_workers_position(
     """Stopped after any batch (within a shuffle window, at a chunk boundary, after a worker
     ran out), a new stream given the positions yields placeholders for the batches trained
     before, then exactly the batches of the uninterrupted pass."""
-    monkeypatch.setattr(stream, "SHARD_BYTES", 1500)  # several shards per worker
-    monkeypatch.setattr(stream, "READ_BYTES", 200)  # many chunks per shard; blocks span them
+    monkeypatch.setattr(readers, "SHARD_BYTES", 1500)  # several shards per worker
+    monkeypatch.setattr(readers, "READ_BYTES", 200)  # many chunks per shard; blocks span them
     values = {"dataloader_num_workers": workers, "shuffle_buffer_size": 7, "seed": 3}
     first = _train_stream(kind, tmp_path, 900, **values)
-    cursor = stream.stream_cursor(first)
+    cursor = positions.stream_cursor(first)
     assert cursor is not None
     cursor.begin_pass(1)
     batches, states = [], []
     for batch in _loader(first, workers):
         cursor.take(batch)
-        assert stream.POSITION_COLUMN not in batch
+        assert positions.POSITION_COLUMN not in batch
         batches.append(batch["input_ids"].tolist())
         states.append(json.loads(json.dumps(cursor.state())))  # as a checkpoint keeps it
     numbers = [n for batch in batches for row in batch for n in row]
@@ -371,14 +440,14 @@ def test_a_resumed_stream_seeks_to_each_workers_position(
 
     for stop in (1, 2, 7, len(batches) // 2, len(batches) - 3, len(batches) - 1):
         again = _train_stream(kind, tmp_path, 900, **values)
-        resumed = stream.stream_cursor(again)
+        resumed = positions.stream_cursor(again)
         assert resumed is not None
         resumed.restore(1, states[stop - 1])
         resumed.begin_pass(1)
         rest = []
         for index, batch in enumerate(_loader(again, workers)):
             if index < stop:
-                assert batch[stream.POSITION_COLUMN][0, 0] == -1, "not a placeholder"
+                assert batch[positions.POSITION_COLUMN][0, 0] == -1, "not a placeholder"
                 continue
             resumed.take(batch)
             rest.append(batch["input_ids"].tolist())
@@ -393,10 +462,10 @@ def test_each_pass_shuffles_anew_and_resume_reads_a_bounded_amount(
     and one shuffle window, not the part of the pass already trained on."""
     from lmctl.data.tokens import TextEncoder
 
-    monkeypatch.setattr(stream, "READ_BYTES", 300)
+    monkeypatch.setattr(readers, "READ_BYTES", 300)
     values = {"shuffle_buffer_size": 16, "seed": 5}
     first = _train_stream("blocks", tmp_path, 3000, **values)
-    cursor = stream.stream_cursor(first)
+    cursor = positions.stream_cursor(first)
     assert cursor is not None
     orders, states = [], []
     for epoch in (0, 1):
@@ -421,7 +490,7 @@ def test_each_pass_shuffles_anew_and_resume_reads_a_bounded_amount(
     read_again = {}
     for stop in (10, len(states) - 10):
         again = _train_stream("blocks", tmp_path, 3000, **values)
-        resumed = stream.stream_cursor(again)
+        resumed = positions.stream_cursor(again)
         assert resumed is not None
         resumed.restore(0, states[stop - 1])
         resumed.begin_pass(0)
@@ -449,12 +518,12 @@ def test_positions_are_refused_by_a_stream_laid_out_otherwise(
 ) -> None:
     values = {"dataloader_num_workers": 0, "shuffle_buffer_size": 7}
     first = _train_stream("lines", tmp_path, 200, **values)
-    cursor = stream.stream_cursor(first)
+    cursor = positions.stream_cursor(first)
     assert cursor is not None
     cursor.begin_pass(0)
     batch = next(iter(_loader(first, 0)))
     cursor.take(batch)
-    other = stream.stream_cursor(_train_stream("lines", tmp_path, 200, **{**values, **change}))
+    other = positions.stream_cursor(_train_stream("lines", tmp_path, 200, **{**values, **change}))
     assert other is not None
     with pytest.raises(ConfigError) as raised:
         other.restore(0, cursor.state(), cursor.layout())

@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 
 from lmctl.config.loader import build_config
+from lmctl.config.slices import Access, DataSpec, take
 from lmctl.console import Console, OutputOptions
-from lmctl.data import stream
+from lmctl.data.stream import readers
+from lmctl.data.stream.sources import Readers, load_sources
+from lmctl.distributed import world_size
 from lmctl.engine import ENGINES
 from lmctl.objectives import get_objective
 from tests.conftest import TINY_BERT, TINY_XLNET, corpus_lines, lmctl, swag_records, write_jsonl
@@ -46,8 +49,14 @@ def _streams(objective: str, train_file: Path, tokenizer: Any, **values: Any) ->
         },
     )
     obj = get_objective(objective)
-    sources = stream.load_sources(
-        config, need_train=True, need_eval=False, text_options={}, records=obj.streams_records
+    sources = load_sources(
+        take(DataSpec, config),
+        take(Access, config),
+        Readers(world_size(), config.dataloader_num_workers),
+        need_train=True,
+        need_eval=False,
+        text_options={},
+        records=obj.streams_records,
     )
     console = Console(OutputOptions(quiet=True))
     return obj.preprocess(config, sources, tokenizer, _NoPositions(), console)["train"]
@@ -73,7 +82,7 @@ def test_two_ranks_two_workers_read_every_example_once(
         train = tmp_path / "train.txt"
         train.write_text("".join(f"w{n}\n\n" for n in range(count)))  # blank lines skipped
         values = {"line_by_line": True}
-    monkeypatch.setattr(stream, "SHARD_BYTES", 4096)
+    monkeypatch.setattr(readers, "SHARD_BYTES", 4096)
     monkeypatch.setenv("WORLD_SIZE", "2")
     dataset = _streams(objective, train, tokenizer, **values)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl.allocator import keep_freed_blocks
+from lmctl.config.slices import Access, DataSpec, take
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.data.prepared import cache_root
 from lmctl.models.activations import fuse_tanh_gelu
@@ -89,15 +90,18 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
     started = time.monotonic()
     raw: Any
     if config.streaming:
-        from lmctl.data import stream
+        from lmctl.data.stream.sources import Readers, load_sources
+        from lmctl.distributed import world_size
 
         if config.preprocessing_num_workers:
             console.warn(
                 "--preprocessing-num-workers is not used with --streaming; "
                 "use --dataloader-num-workers to tokenize in parallel"
             )
-        raw = stream.load_sources(
-            config,
+        raw = load_sources(
+            take(DataSpec, config),
+            take(Access, config),
+            Readers(world_size(), config.dataloader_num_workers),
             need_train=config.do_train or config.train_tokenizer is not None,
             need_eval=config.do_eval,
             text_options=objective.text_options(config),
@@ -105,7 +109,9 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
         )
     else:
         raw = load_raw(
-            config,
+            take(DataSpec, config),
+            take(Access, config),
+            do_train=config.do_train,
             need_eval=config.do_eval,
             text_options=objective.text_options(config),
             check_records=partial(objective.check_records, config),
@@ -123,7 +129,7 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
         console,
         resume_from=resume_checkpoint(config),
         # A stream is read once, as it trains the tokenizer.
-        cache_dir=None if config.streaming else cache_root(config),
+        cache_dir=None if config.streaming else cache_root(take(DataSpec, config)),
     )
     if not objective.segment_ids:
         leave_out_segment_ids(tokenizer, console)
@@ -134,7 +140,7 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
     started = time.monotonic()
     processed = objective.preprocess(config, raw, tokenizer, model_config, console)
     if not config.streaming:  # a stream applies its limits as it is read
-        processed = limit_samples(config, processed, console)
+        processed = limit_samples(take(DataSpec, config), processed, console)
     data_seconds += time.monotonic() - started
     console.info(f"data ready in {data_seconds:.2f} s (loading and preprocessing)")
     return PreparedData(

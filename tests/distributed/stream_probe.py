@@ -35,8 +35,11 @@ def main() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, Trainer
 
     from lmctl.config.loader import build_config
+    from lmctl.config.slices import Access, DataSpec, take
     from lmctl.console import Console, OutputOptions
     from lmctl.data import stream
+    from lmctl.data.stream.sources import Readers, load_sources
+    from lmctl.distributed import world_size
     from lmctl.engine.trainer import training_arguments
     from lmctl.objectives.clm import ClmConfig
     from lmctl.objectives.common import BlockCollator
@@ -62,8 +65,13 @@ def main() -> None:
             "output_dir": str(out),
         },
     )
-    sources = stream.load_sources(
-        config, need_train=True, need_eval=False, text_options={"keep_linebreaks": True}
+    sources = load_sources(
+        take(DataSpec, config),
+        take(Access, config),
+        Readers(world_size(), config.dataloader_num_workers),
+        need_train=True,
+        need_eval=False,
+        text_options={"keep_linebreaks": True},
     )
     source = sources["train"]
     shard_lines = {
@@ -72,7 +80,9 @@ def main() -> None:
     }
     source.read = partial(recording_read, read=source.read, log=out)
     console = Console(OutputOptions(quiet=True))
-    train = stream.block_streams(config, sources, tokenizer, 4, console)["train"]
+    train = stream.block_streams(
+        take(DataSpec, config), sources, tokenizer, 4, console, seed=config.seed
+    )["train"]
     model = GPT2LMHeadModel(GPT2Config(vocab_size=lines + 1, n_layer=1, n_embd=8, n_head=2))
     seen: list[int] = []
 

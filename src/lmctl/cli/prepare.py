@@ -71,6 +71,7 @@ def run_prepare(
 
             console.write(yaml.safe_dump(resolved, sort_keys=False))
         return {"dry_run": True, "config": resolved}
+    from lmctl.config.slices import DataSpec, take
     from lmctl.data.prepared import cache_root, describe
     from lmctl.pipeline import prepare_data
 
@@ -84,9 +85,9 @@ def run_prepare(
         if dataset is not None
     }
     rows = {split: info["rows"] for split, info in splits.items()}
-    console.summary(f"lmctl prepare {name}: {cache_root(config)}", rows)
+    console.summary(f"lmctl prepare {name}: {cache_root(take(DataSpec, config))}", rows)
     return {
-        "cache_dir": str(cache_root(config)),
+        "cache_dir": str(cache_root(take(DataSpec, config))),
         "splits": splits,
         "data_seconds": round(prepared.data_seconds, 3),
     }

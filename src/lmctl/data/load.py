@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
     from transformers import PreTrainedTokenizerBase
 
-    from lmctl.config.base import TrainConfig
+    from lmctl.config.slices import Access, DataSpec
     from lmctl.console import Console
 
 BUILDERS = {"txt": "text", "csv": "csv", "json": "json", "jsonl": "json", "parquet": "parquet"}
@@ -41,8 +41,10 @@ RecordCheck = Callable[["Dataset", str, "str | None"], None]
 
 
 def load_raw(
-    config: TrainConfig,
+    data: DataSpec,
+    access: Access,
     *,
+    do_train: bool,
     need_eval: bool,
     text_options: dict[str, Any],
     check_records: RecordCheck | None = None,
@@ -50,30 +52,26 @@ def load_raw(
     """Load the user's data as ``train``/``validation`` splits."""
     import datasets
 
-    if config.dataset_name is not None:
-        raw = _load_hub_dataset(config)
-        source = {"train": f"--dataset-name {config.dataset_name}"}
+    files = data_files(data)
+    if data.dataset_name is not None:
+        raw = _load_hub_dataset(data, access)
+        source = {"train": f"--dataset-name {data.dataset_name}"}
     else:
-        files = {}
-        if config.train_file is not None:
-            files["train"] = config.train_file
-        if config.validation_file is not None:
-            files["validation"] = config.validation_file
-        raw = _load_files(config, files, text_options)
-        source = {split: f"{path}" for split, path in files.items()}
+        raw = _load_files(files, text_options, access.cache_dir)
+        source = files
     if check_records is not None:
         for split in ("train", "validation"):
             if split in raw:
-                path = config.train_file if split == "train" else config.validation_file
-                where = path or f"--dataset-name {config.dataset_name} [{split}]"
+                path = files.get(split)
+                where = path or f"--dataset-name {data.dataset_name} [{split}]"
                 check_records(raw[split], where, path)
-    if config.do_train and "train" in raw and len(raw["train"]) == 0:
+    if do_train and "train" in raw and len(raw["train"]) == 0:
         raise DataError(
             f"{source.get('train', 'training data')}: no records (the data is empty)",
             "give a file with at least one non-empty record",
         )
     if need_eval and "validation" not in raw:
-        raw = _hold_out_validation(raw, config.validation_split_percentage)
+        raw = _hold_out_validation(raw, data.validation_split_percentage)
     if need_eval and len(raw["validation"]) == 0:
         raise DataError(
             f"{source.get('validation', 'evaluation data')}: no records (the data is empty)",
@@ -84,19 +82,25 @@ def load_raw(
     )
 
 
-def sample_limit(config: TrainConfig, split: str) -> int | None:
+def data_files(data: DataSpec) -> dict[str, str]:
+    """The files given for each split (``--train-file``, ``--validation-file``)."""
+    files = {"train": data.train_file, "validation": data.validation_file}
+    return {split: path for split, path in files.items() if path is not None}
+
+
+def sample_limit(data: DataSpec, split: str) -> int | None:
     """``--max-train-samples`` or ``--max-eval-samples``, whichever applies to ``split``."""
-    return config.max_train_samples if split == "train" else config.max_eval_samples
+    return data.max_train_samples if split == "train" else data.max_eval_samples
 
 
-def limit_samples(config: TrainConfig, splits: Any, console: Console) -> Any:
+def limit_samples(data: DataSpec, splits: Any, console: Console) -> Any:
     """The first ``--max-train-samples``/``--max-eval-samples`` model samples of each split,
     counted as upstream counts them: after tokenizing (and grouping into blocks)."""
     import datasets
 
     out = {}
     for split, dataset in splits.items():
-        limit = sample_limit(config, split)
+        limit = sample_limit(data, split)
         out[split] = dataset
         if limit is not None and limit < len(dataset):
             flag = "--max-train-samples" if split == "train" else "--max-eval-samples"
@@ -105,7 +109,7 @@ def limit_samples(config: TrainConfig, splits: Any, console: Console) -> Any:
     return datasets.DatasetDict(out)
 
 
-def _load_files(config: TrainConfig, files: dict[str, str], text_options: dict[str, Any]) -> Any:
+def _load_files(files: dict[str, str], text_options: dict[str, Any], cache_dir: str | None) -> Any:
     import datasets
 
     local_files = {split: _localize(path, f"--{split}-file") for split, path in files.items()}
@@ -119,9 +123,7 @@ def _load_files(config: TrainConfig, files: dict[str, str], text_options: dict[s
     builder = BUILDERS[extension]
     kwargs: dict[str, Any] = dict(text_options) if builder == "text" else {}
     try:
-        return datasets.load_dataset(
-            builder, data_files=local_files, cache_dir=config.cache_dir, **kwargs
-        )
+        return datasets.load_dataset(builder, data_files=local_files, cache_dir=cache_dir, **kwargs)
     except Exception as exc:
         for split, path in local_files.items():
             _explain_bad_file(path, extension, files[split], exc)
@@ -179,10 +181,10 @@ def _root_cause(exc: BaseException) -> str:
     return text[0][:200] if text else type(exc).__name__
 
 
-def _load_hub_dataset(config: TrainConfig) -> Any:
+def _load_hub_dataset(data: DataSpec, access: Access) -> Any:
     import datasets
 
-    name = config.dataset_name
+    name = data.dataset_name
     assert name is not None
     local = Path(name).expanduser()
     if not local.exists() and not hub.offline_mode():
@@ -190,10 +192,10 @@ def _load_hub_dataset(config: TrainConfig) -> Any:
     try:
         return datasets.load_dataset(
             name,
-            config.dataset_config_name,
-            cache_dir=config.cache_dir,
-            token=config.token_value(),
-            trust_remote_code=config.trust_remote_code or None,
+            data.dataset_config_name,
+            cache_dir=access.cache_dir,
+            token=access.token_value(),
+            trust_remote_code=access.trust_remote_code or None,
         )
     except Exception as exc:
         if hub.is_connection_error(exc):
@@ -204,14 +206,19 @@ def _load_hub_dataset(config: TrainConfig) -> Any:
         ) from exc
 
 
-def _hold_out_validation(raw: Any, percentage: int) -> Any:
-    import datasets
-
+def require_hold_out(percentage: int) -> None:
+    """Evaluation without validation data holds out a part of train: refuse an empty part."""
     if percentage <= 0:
         raise ConfigError(
             "evaluation is on, there is no validation data and --validation-split-percentage is 0",
             "give --validation-file, a percentage above 0, or --no-eval",
         )
+
+
+def _hold_out_validation(raw: Any, percentage: int) -> Any:
+    import datasets
+
+    require_hold_out(percentage)
     train = raw["train"]
     held = len(train) * percentage // 100
     if len(train) < 2:
@@ -226,26 +233,33 @@ def _hold_out_validation(raw: Any, percentage: int) -> Any:
 
 
 def text_column(dataset: Dataset, requested: str | None, where: str) -> str:
-    """The text column: ``--text-column``, else ``text`` if present, else the first column."""
+    """The text column of ``dataset`` (see :func:`choose_column`), checked to hold text."""
     columns = list(dataset.column_names)
-    if requested is not None:
-        if requested not in columns:
-            raise DataError(
-                f"{where}: no column '{requested}' (columns: {', '.join(columns)})",
-                "fix --text-column",
-            )
-        name = requested
-    else:
-        name = "text" if "text" in columns else columns[0]
+    name = choose_column(columns, requested, where)
     feature = dataset.features[name]
     dtype = getattr(feature, "dtype", None)
     if dtype not in ("string", "large_string"):
-        raise DataError(
-            f"{where}: column '{name}' holds {dtype or type(feature).__name__}, not text "
-            f"(columns: {', '.join(columns)})",
-            "add a 'text' column or name the text column with --text-column",
-        )
+        raise not_text(where, name, dtype or type(feature).__name__, columns)
     return name
+
+
+def choose_column(columns: list[str], requested: str | None, where: str) -> str:
+    """``--text-column``, else ``text`` if present, else the first column."""
+    if requested is None:
+        return "text" if "text" in columns else columns[0]
+    if requested not in columns:
+        raise DataError(
+            f"{where}: no column '{requested}' (columns: {', '.join(columns)})",
+            "fix --text-column",
+        )
+    return requested
+
+
+def not_text(where: str, name: str, holds: str, columns: list[str]) -> DataError:
+    return DataError(
+        f"{where}: column '{name}' holds {holds}, not text (columns: {', '.join(columns)})",
+        "add a 'text' column or name the text column with --text-column",
+    )
 
 
 def iterate_texts(dataset: Dataset, column: str, batch_size: int = 1000) -> Iterator[list[str]]:
@@ -276,20 +290,20 @@ def cached_map(
     function: Callable[..., Any],
     *,
     key: Iterable[Any],
-    config: TrainConfig,
+    data: DataSpec,
     description: str,
     remove_columns: list[str] | None = None,
 ) -> Dataset:
     """``Dataset.map`` keyed on an explicit fingerprint of its inputs and parameters."""
     from lmctl.data.tokens import forked_workers
 
-    with forked_workers() if config.preprocessing_num_workers else nullcontext():
+    with forked_workers() if data.preprocessing_num_workers else nullcontext():
         return dataset.map(
             function,
             batched=True,
-            num_proc=config.preprocessing_num_workers,
+            num_proc=data.preprocessing_num_workers,
             remove_columns=remove_columns,
-            load_from_cache_file=not config.overwrite_cache,
+            load_from_cache_file=not data.overwrite_cache,
             new_fingerprint=fingerprint(dataset._fingerprint, *key),
             desc=description,
         )

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
     from transformers import PreTrainedTokenizerBase
 
-    from lmctl.config.base import TrainConfig
+    from lmctl.config.slices import DataSpec
     from lmctl.console import Console
 
 #: Bump when the on-disk layout or the meaning of a manifest field changes. Format 2: a split
@@ -61,9 +61,9 @@ MAX_REPORTED_CHANGES = 2
 Builder = Callable[[str, "Dataset", Path], dict[str, Any]]
 
 
-def cache_root(config: TrainConfig) -> Path:
-    if config.prepared_cache_dir is not None:
-        return local_path(config.prepared_cache_dir)
+def cache_root(data: DataSpec) -> Path:
+    if data.prepared_cache_dir is not None:
+        return local_path(data.prepared_cache_dir)
     env = os.environ.get("LMCTL_CACHE")
     if env:
         return Path(env).expanduser() / "prepared"
@@ -108,42 +108,24 @@ def _remote_identity(path: str) -> dict[str, Any]:
     return {"path": path, "size": info.get("size"), **version}
 
 
-def split_identity(config: TrainConfig, split: str, dataset: Dataset) -> dict[str, Any]:
-    """What the raw records of ``split`` are, without reading them."""
-    held_out = config.do_eval and config.validation_file is None
-    identity: dict[str, Any] = {"text_column": config.text_column}
-    if config.dataset_name is not None:
+def split_identity(data: DataSpec, split: str, dataset: Dataset, held_out: bool) -> dict[str, Any]:
+    """What the raw records of ``split`` are, without reading them (``held_out``: the
+    validation split was cut from the training file)."""
+    identity: dict[str, Any] = {"text_column": data.text_column}
+    if data.dataset_name is not None:
         identity["dataset"] = {
-            "name": config.dataset_name,
-            "config": config.dataset_config_name,
+            "name": data.dataset_name,
+            "config": data.dataset_config_name,
             "split": split,
             "fingerprint": dataset._fingerprint,
         }
         return identity
-    path = config.validation_file if split == "validation" and not held_out else config.train_file
+    path = data.validation_file if split == "validation" and not held_out else data.train_file
     assert path is not None
     identity["file"] = file_identity(path)
     if held_out:
-        identity["held_out"] = {"part": split, "percent": config.validation_split_percentage}
+        identity["held_out"] = {"part": split, "percent": data.validation_split_percentage}
     return identity
-
-
-def manifest_for(
-    config: TrainConfig,
-    split: str,
-    *,
-    dataset: Dataset,
-    tokenizer_hash: str,
-    params: dict[str, Any],
-    text_options: dict[str, Any],
-) -> dict[str, Any]:
-    return {
-        "data": {**split_identity(config, split, dataset), "read_options": text_options},
-        "tokenizer": tokenizer_hash,
-        "params": params,
-        "lmctl_version": __version__,
-        "format": CACHE_FORMAT,
-    }
 
 
 def manifest_key(manifest: dict[str, Any]) -> str:
@@ -153,7 +135,7 @@ def manifest_key(manifest: dict[str, Any]) -> str:
 
 
 def prepared_splits(
-    config: TrainConfig,
+    data: DataSpec,
     raw: DatasetDict,
     tokenizer: PreTrainedTokenizerBase,
     console: Console,
@@ -168,30 +150,32 @@ def prepared_splits(
     """
     import datasets
 
-    root = cache_root(config)
+    root = cache_root(data)
     tokenizer_hash = tokenizer_fingerprint(tokenizer)
+    # File data without a validation file has a validation split only when it was held out.
+    held_out = data.validation_file is None and "validation" in raw
     out = {}
     reused = []
     for split, dataset in raw.items():
-        manifest = manifest_for(
-            config,
-            split,
-            dataset=dataset,
-            tokenizer_hash=tokenizer_hash,
-            params=params,
-            text_options=text_options,
-        )
+        identity = split_identity(data, split, dataset, held_out)
+        manifest = {
+            "data": {**identity, "read_options": text_options},
+            "tokenizer": tokenizer_hash,
+            "params": params,
+            "lmctl_version": __version__,
+            "format": CACHE_FORMAT,
+        }
         directory = root / manifest_key(manifest)
-        loaded = None if config.overwrite_cache else _load(directory, manifest)
+        loaded = None if data.overwrite_cache else _load(directory, manifest)
         if loaded is None:
             loaded = _build_locked(
-                config,
                 directory,
                 split,
                 dataset=dataset,
                 manifest=manifest,
                 build=build,
                 console=console,
+                overwrite=data.overwrite_cache,
             )
         else:
             reused.append(f"{split} {len(loaded)} rows")
@@ -220,7 +204,6 @@ def _load(directory: Path, manifest: dict[str, Any]) -> Dataset | None:
 
 
 def _build_locked(
-    config: TrainConfig,
     directory: Path,
     split: str,
     *,
@@ -228,6 +211,7 @@ def _build_locked(
     manifest: dict[str, Any],
     build: Builder,
     console: Console,
+    overwrite: bool,
 ) -> Dataset:
     from filelock import FileLock, Timeout
 
@@ -240,7 +224,7 @@ def _build_locked(
         console.info(f"{split}: another process is preparing the same data; waiting for it")
         lock.acquire()
     try:
-        if not config.overwrite_cache or _built_by_other_process(directory):
+        if not overwrite or _built_by_other_process(directory):
             loaded = _load(directory, manifest)
             if loaded is not None:
                 console.info(f"{split}: reusing prepared data from {directory}")

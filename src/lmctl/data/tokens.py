@@ -322,18 +322,14 @@ def forked_workers() -> Iterator[None]:
 def _read_tokens(prefix: str, with_mask: bool) -> Iterator[Encoded]:
     import numpy as np
 
-    ids_all = np.memmap(prefix + ".ids", dtype=IDS_DTYPE, mode="r") if _nonempty(prefix) else None
-    if ids_all is None:
+    if os.path.getsize(prefix + ".ids") == 0:
         return
+    ids_all = np.memmap(prefix + ".ids", dtype=IDS_DTYPE, mode="r")
     mask_all = np.memmap(prefix + ".mask", dtype=MASK_DTYPE, mode="r") if with_mask else None
     for start in range(0, len(ids_all), READ_CHUNK):
         ids = np.array(ids_all[start : start + READ_CHUNK])
         mask = np.array(mask_all[start : start + READ_CHUNK]) if mask_all is not None else None
         yield Encoded(ids, mask)
-
-
-def _nonempty(prefix: str) -> bool:
-    return os.path.getsize(prefix + ".ids") > 0
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed
 from lmctl.data.batching import LengthGroupedSampler
-from lmctl.data.stream import stream_cursor
+from lmctl.data.stream.positions import stream_cursor
 from lmctl.data.tokens import forked_workers
 from lmctl.engine.common import (
     TRACKING_PROJECT,

@@ -16,7 +16,7 @@ from lmctl.run.signals import StopRequest
 
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
-    from lmctl.data.stream import StreamCursor
+    from lmctl.data.stream.positions import StreamCursor
 
 #: Tracker project of both engines (mlflow experiment, trackio project, wandb project); each
 #: run is named after its run directory.
@@ -251,9 +251,9 @@ STREAM_POSITION_FILE = "stream_position.json"
 class StreamRecord:
     """One process's place in a training stream, as a checkpoint records it: the pass, the
     batches of it consumed, and for each shard read by each dataloader worker the examples
-    given and the position (see :class:`lmctl.data.stream.StreamPlan`; None in checkpoints
-    written before positions were recorded, which resume by reading the consumed batches
-    again)."""
+    given and the position (see :class:`lmctl.data.stream.positions.StreamPlan`; None in
+    checkpoints written before positions were recorded, which resume by reading the consumed
+    batches again)."""
 
     epoch: int
     batches: int

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed, secrets
-from lmctl.data.stream import StreamCursor, stream_cursor
+from lmctl.data.stream.positions import StreamCursor, stream_cursor
 from lmctl.data.tokens import forked_workers
 from lmctl.distributed import native_bf16
 from lmctl.engine.common import (

@@ -51,7 +51,7 @@ class Objective(ABC):
 
     def training_texts(self, config: TrainConfig, train: Any, where: str) -> Iterator[list[str]]:
         """Texts that ``--train-tokenizer`` learns from: of the loaded train split, or with
-        ``--streaming`` of its source (:class:`lmctl.data.stream.TextSource`)."""
+        ``--streaming`` of its source (:class:`lmctl.data.stream.sources.TextSource`)."""
         from lmctl.data.load import iterate_texts, text_column
 
         if config.streaming:

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from lmctl.config.base import TrainConfig
 from lmctl.config.fields import PANEL_OBJECTIVE, option
+from lmctl.config.slices import DataSpec, take
 from lmctl.data.load import cached_map, group_into_blocks, text_column, tokenizer_fingerprint
-from lmctl.data.stream import POSITION_COLUMN, strip_positions
+from lmctl.data.stream.positions import POSITION_COLUMN, strip_positions
 from lmctl.data.tokens import LineEncoder, default_workers, is_blank, write_lines
 from lmctl.errors import DataError
 from lmctl.models.build import max_positions
@@ -188,10 +189,17 @@ def tokenize_and_group(
         )
     if config.streaming:
         from lmctl.data import stream
+        from lmctl.data.stream.sources import TextSource
 
-        sources = cast("dict[str, stream.TextSource]", raw)
+        sources = cast("dict[str, TextSource]", raw)
         streams = stream.block_streams(
-            config, sources, tokenizer, block_size, console, special_tokens_mask=special_tokens_mask
+            take(DataSpec, config),
+            sources,
+            tokenizer,
+            block_size,
+            console,
+            seed=config.seed,
+            special_tokens_mask=special_tokens_mask,
         )
         return cast("DatasetDict", streams)
     from lmctl.data.prepared import prepared_splits
@@ -215,7 +223,7 @@ def tokenize_and_group(
         return asdict(stats)
 
     return prepared_splits(
-        config,
+        take(DataSpec, config),
         raw,
         tokenizer,
         console,
@@ -247,7 +255,7 @@ def _tokenized_split(
         dataset,
         partial(_tokenize, tokenizer=tokenizer, column=column, **options),
         key=("tokenize", tokenizer_key, column, *sorted(options.items())),
-        config=config,
+        data=take(DataSpec, config),
         description=f"{description} {split}",
         remove_columns=list(dataset.column_names),
     )
@@ -287,7 +295,7 @@ def _group_with_offsets(
             tokenized,
             partial(group_into_blocks, block_size=block_size),
             key=("group", block_size),
-            config=config,
+            data=take(DataSpec, config),
             description=f"grouping {split} into blocks of {block_size}",
         )
         if len(blocks) == 0:
@@ -336,11 +344,17 @@ def tokenize_lines(
     }
     if config.streaming:
         from lmctl.data import stream
+        from lmctl.data.stream.sources import TextSource
 
-        sources = cast("dict[str, stream.TextSource]", raw)
+        sources = cast("dict[str, TextSource]", raw)
         encode = partial(_tokenize_texts, tokenizer=tokenizer, **options)
         streams = stream.example_streams(
-            config, sources, dict.fromkeys(sources, encode), console, unit="line"
+            take(DataSpec, config),
+            sources,
+            dict.fromkeys(sources, encode),
+            console,
+            seed=config.seed,
+            unit="line",
         )
         return cast("DatasetDict", streams)
     announce_text_column(config, raw, console)
@@ -374,7 +388,7 @@ def tokenize_lines(
         )
 
     return prepared_splits(
-        config,
+        take(DataSpec, config),
         raw,
         tokenizer,
         console,

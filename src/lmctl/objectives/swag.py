@@ -16,6 +16,7 @@ from pydantic import field_validator, model_validator
 
 from lmctl.config.base import Problems, TrainConfig
 from lmctl.config.fields import PANEL_DATA, PANEL_OBJECTIVE, option
+from lmctl.config.slices import DataSpec, take
 from lmctl.data.load import cached_map, record_location, tokenizer_fingerprint
 from lmctl.distributed import native_bf16
 from lmctl.errors import ConfigError, DataError
@@ -350,7 +351,7 @@ class Swag(Objective):
                     length,
                     config.pad_to_max_length,
                 ),
-                config=config,
+                data=take(DataSpec, config),
                 description=f"tokenizing {split}",
                 remove_columns=list(dataset.column_names),
             )
@@ -397,7 +398,9 @@ class Swag(Objective):
                     pad_to_max_length=config.pad_to_max_length,
                 ),
             )
-        return stream.example_streams(config, raw, encoders, console, unit="record")
+        return stream.example_streams(
+            take(DataSpec, config), raw, encoders, console, seed=config.seed, unit="record"
+        )
 
     def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
         assert isinstance(config, SwagConfig)

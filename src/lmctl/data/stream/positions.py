@@ -1,0 +1,231 @@
+"""Where the training stream is, so that a resumed run reads on from there: each example's
+position, the plan that a resumed reader seeks by (:class:`StreamPlan`) and the cursor that
+the engine keeps in every checkpoint (:class:`StreamCursor`). The training stream shuffles
+the examples of each shard in windows that a resumed reader can find again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from lmctl.errors import ConfigError
+
+#: The column that carries each training example's stream position (see
+#: :class:`StreamPlan`); the training collator moves it from the examples to the batch.
+POSITION_COLUMN = "lmctl_stream_position"
+#: A point of a shard's reading order: the chunk that the reader starts again at with key
+#: ``(piece, offset)`` (piece -1: the shard's start), and the tokens or examples of that chunk
+#: consumed before the point.
+ReadPoint = tuple[int, int, int]
+START: ReadPoint = (-1, 0, 0)
+
+
+@dataclass
+class StreamPlan:
+    """What the training stream's generator needs beyond its shard, shared with the engine
+    that sets it before each pass: the pass (``epoch``) and, in the pass a run resumes in,
+    where each shard read by each dataloader worker stopped.
+
+    Every example of the training stream carries its position, ``[worker, shard, piece,
+    offset, consumed, emitted]``: a point of the shard's reading order (see
+    :data:`ReadPoint`) where a window of ``window`` examples begins, and how many of that
+    window (in its shuffled order) come before the position. A resumed reader seeks there:
+    it reads at most one chunk and one window again, however far into the stream the run
+    was. It first yields one placeholder per example the shard had given before, so that
+    ``datasets`` interleaves shards and the dataloader forms and interleaves batches exactly
+    as in the uninterrupted run; the engine skips those batches without collating them.
+    """
+
+    seed: int
+    #: Examples shuffled together (1: reading order).
+    window: int
+    #: Every shard of the source, to number them.
+    shards: list[Any]
+    #: Dataloader workers per process (0: the process itself reads).
+    workers: int = 0
+    epoch: int = 0
+    #: The pass that ``resume`` belongs to; other passes read from the start.
+    resume_epoch: int = -1
+    #: (worker, shard) -> [examples given, *position after the last of them]
+    resume: dict[tuple[int, int], list[int]] | None = None
+
+    def seek(self, worker: int, shard: int) -> tuple[int, list[int] | None]:
+        """Placeholders to yield first, and the position to read on from (None: the
+        shard's start)."""
+        record = (self.resume or {}).get((worker, shard))
+        if record is None or self.epoch != self.resume_epoch:
+            return 0, None
+        return record[0], record[1:]
+
+
+#: A batch's stream mark: one row per (worker, shard) of its examples: the worker, the
+#: shard, the examples of it in the batch and the position after the last of them.
+MARK_WIDTH = 7
+
+
+class StreamCursor:
+    """This process's place in the training stream, for checkpoints: for each shard read by
+    each dataloader worker, the examples it gave to training in this pass and the position
+    after the last one (taken from each batch before the model sees it)."""
+
+    def __init__(self, plan: StreamPlan) -> None:
+        self.plan = plan
+        self.readers: dict[tuple[int, int], list[int]] = {}
+
+    def begin_pass(self, epoch: int) -> None:
+        """Called before the pass's dataloader iterator is made."""
+        self.plan.epoch = epoch
+        if epoch != self.plan.resume_epoch:
+            self.plan.resume = None
+            self.readers = {}
+
+    def take(self, batch: Any) -> None:
+        """Remove the mark from a training batch and remember its positions."""
+        mark = batch.pop(POSITION_COLUMN, None) if hasattr(batch, "pop") else None
+        if mark is None:
+            return
+        values = [int(value) for value in mark.flatten().tolist()]
+        if values[0] < 0:
+            raise RuntimeError("a placeholder batch of a resumed stream reached training")
+        for begin in range(0, len(values), MARK_WIDTH):
+            worker, shard, count, *position = values[begin : begin + MARK_WIDTH]
+            given = self.readers.get((worker, shard), [0])[0]
+            self.readers[(worker, shard)] = [given + count, *position]
+
+    def state(self) -> dict[str, list[int]]:
+        """JSON-ready: ``"<worker>:<shard>"`` -> [examples given, *position]."""
+        return {
+            f"{worker}:{shard}": list(value)
+            for (worker, shard), value in sorted(self.readers.items())
+        }
+
+    def layout(self) -> dict[str, int]:
+        """What positions only mean the same under: recorded with them, checked on resume."""
+        plan = self.plan
+        return {"workers": plan.workers, "window": plan.window, "shards": len(plan.shards)}
+
+    def restore(
+        self, epoch: int, readers: dict[str, list[int]], layout: dict[str, int] | None = None
+    ) -> None:
+        """Continue from recorded positions (in pass ``epoch``); refuses a stream laid out
+        otherwise than the one they were recorded in."""
+        _check_layout(layout or {}, self.layout())
+        resume = {}
+        for key, record in readers.items():
+            worker, shard = (int(part) for part in key.split(":"))
+            resume[(worker, shard)] = [int(value) for value in record]
+        self.plan.resume_epoch, self.plan.resume = epoch, resume
+        self.readers = {key: list(record) for key, record in resume.items()}
+
+
+#: For each part of a stream's layout: the problem and the fix when a resume changes it.
+_LAYOUT_CHANGES: dict[str, Callable[[int, int], tuple[str, str]]] = {
+    "workers": lambda was, now: (
+        f"the checkpoint's stream was read by {was} dataloader workers per process, this run "
+        f"has {now}",
+        f"resume with --dataloader-num-workers {was}",
+    ),
+    "window": lambda was, now: (
+        f"the checkpoint's stream was shuffled in windows of {was} examples, this run's are {now}",
+        f"resume with --shuffle-buffer-size {was if was > 1 else 0}",
+    ),
+    "shards": lambda was, now: (
+        f"the training stream has {now} shards, the checkpoint's had {was}: the data or the "
+        "number of processes changed",
+        "resume with the same training data and processes, or start a new run",
+    ),
+}
+
+
+def _check_layout(recorded: dict[str, int], current: dict[str, int]) -> None:
+    for name, change in _LAYOUT_CHANGES.items():
+        was, now = recorded.get(name, current[name]), current[name]
+        if was != now:
+            raise ConfigError(*change(was, now))
+
+
+def stream_cursor(dataset: Any) -> StreamCursor | None:
+    """The cursor of a training stream made by this module (None for any other data)."""
+    plan = getattr(dataset, "lmctl_plan", None)
+    return StreamCursor(plan) if isinstance(plan, StreamPlan) else None
+
+
+def strip_positions(features: list[Any]) -> tuple[list[Any], list[int] | None, bool]:
+    """A batch's examples without their positions, the batch's mark (see
+    :data:`MARK_WIDTH`; None when the examples carry no positions) and whether the batch is
+    placeholders of a resumed stream."""
+    if not features or not isinstance(features[0], dict) or POSITION_COLUMN not in features[0]:
+        return features, None, False
+    if features[0][POSITION_COLUMN][0] < 0:
+        return features, None, True
+    readers: dict[tuple[int, int], list[int]] = {}
+    clean = []
+    for feature in features:
+        worker, shard, *position = feature[POSITION_COLUMN]
+        count = readers.get((worker, shard), [0])[0]
+        readers[(worker, shard)] = [count + 1, *position]
+        clean.append({key: value for key, value in feature.items() if key != POSITION_COLUMN})
+    mark = [
+        value for (worker, shard), record in readers.items() for value in (worker, shard, *record)
+    ]
+    return clean, mark, False
+
+
+def _worker_id() -> int:
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return 0 if info is None else int(info.id)
+
+
+def _window_order(
+    seed: int, epoch: int, shard: Any, start: tuple[int, ...], size: int
+) -> list[int]:
+    import hashlib
+    import random
+
+    order = list(range(size))
+    if size > 1:
+        digest = hashlib.blake2b(f"{seed}:{epoch}:{shard!r}:{start}".encode(), digest_size=8)
+        random.Random(int.from_bytes(digest.digest(), "little")).shuffle(order)
+    return order
+
+
+def positioned(
+    shards: list[Any],
+    plan: StreamPlan | None,
+    examples_from: Callable[[Any, ReadPoint], Iterator[tuple[dict[str, Any], ReadPoint]]],
+) -> Generator[dict[str, Any], None, None]:
+    """The examples of ``shards`` (``examples_from(shard, point)`` reads a shard from a
+    point, each example with the point after it); for a training stream shuffled in windows
+    and marked with positions, from where the plan says this worker stopped."""
+    if plan is None:
+        for shard in shards:
+            for example, _ in examples_from(shard, START):
+                yield example
+        return
+    worker, epoch = _worker_id(), plan.epoch
+    for shard in shards:
+        number = plan.shards.index(shard)
+        given, position = plan.seek(worker, number)
+        for _ in range(given):
+            yield {POSITION_COLUMN: [-1]}
+        start: ReadPoint = START if position is None else (position[0], position[1], position[2])
+        skip = 0 if position is None else position[3]
+        examples = examples_from(shard, start)
+        while window := list(islice(examples, max(1, plan.window))):
+            order = _window_order(plan.seed, epoch, shard, start, len(window))
+            end = window[-1][1]
+            for emitted in range(skip, len(window)):
+                example = window[order[emitted]][0]
+                last = emitted + 1 == len(window)
+                example[POSITION_COLUMN] = [
+                    worker,
+                    number,
+                    *(end if last else start),
+                    0 if last else emitted + 1,
+                ]
+                yield example
+            start, skip = end, 0
