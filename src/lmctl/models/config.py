@@ -40,17 +40,13 @@ def build_model_config(model_spec: ModelSpec, access: Access, console: Console) 
     from transformers import CONFIG_MAPPING, AutoConfig
 
     kwargs = hub_kwargs(access, model_spec.model_revision)
-    if model_spec.config_name is not None:
-        return load_pretrained(
-            AutoConfig.from_pretrained, model_spec.config_name, "--config-name", **kwargs
-        )
-    if model_spec.model_name_or_path is not None:
-        return load_pretrained(
-            AutoConfig.from_pretrained,
-            model_spec.model_name_or_path,
-            "--model-name-or-path",
-            **kwargs,
-        )
+    named = (
+        (model_spec.config_name, "--config-name"),
+        (model_spec.model_name_or_path, "--model-name-or-path"),
+    )
+    for name, flag in named:
+        if name is not None:
+            return load_pretrained(AutoConfig.from_pretrained, name, flag, **kwargs)
     model_type = model_spec.model_type
     assert model_type is not None
     if model_type not in CONFIG_MAPPING:

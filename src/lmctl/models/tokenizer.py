@@ -22,28 +22,13 @@ if TYPE_CHECKING:
     from lmctl.console import Console
     from lmctl.models.config import ModelObjective
 
+#: The roles of the special tokens of WordPiece (BERT's) and Unigram (XLNet's) tokenizers.
+_ROLES = ("unk", "sep", "pad", "cls", "mask")
 SPECIAL_TOKENS = {
-    "bpe": {
-        "bos_token": "<|endoftext|>",
-        "eos_token": "<|endoftext|>",
-        "unk_token": "<|endoftext|>",
-    },
-    "wordpiece": {
-        "unk_token": "[UNK]",
-        "sep_token": "[SEP]",
-        "pad_token": "[PAD]",
-        "cls_token": "[CLS]",
-        "mask_token": "[MASK]",
-    },
-    "unigram": {
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-        "sep_token": "<sep>",
-        "pad_token": "<pad>",
-        "cls_token": "<cls>",
-        "mask_token": "<mask>",
-    },
+    "bpe": dict.fromkeys(("bos_token", "eos_token", "unk_token"), "<|endoftext|>"),
+    "wordpiece": {f"{role}_token": f"[{role.upper()}]" for role in _ROLES},
+    "unigram": {"bos_token": "<s>", "eos_token": "</s>"}
+    | {f"{role}_token": f"<{role}>" for role in _ROLES},
 }
 
 
@@ -78,12 +63,11 @@ def load_tokenizer(
 
     use_fast = tokenizer_spec.use_fast_tokenizer
     if tokenizer_spec.train_tokenizer is not None:
-        resumed = resume_from
-        if resumed is not None and (resumed / "tokenizer_config.json").is_file():
-            console.info(f"resuming: using the tokenizer trained for this run ({resumed})")
+        if resume_from is not None and (resume_from / "tokenizer_config.json").is_file():
+            console.info(f"resuming: using the tokenizer trained for this run ({resume_from})")
             return load_pretrained(
                 AutoTokenizer.from_pretrained,
-                str(resumed),
+                str(resume_from),
                 "--resume-from-checkpoint",
                 use_fast=use_fast,
             )
@@ -139,8 +123,8 @@ def train_tokenizer(
 
     Its WordPiece and Unigram trainers break ties between equally frequent candidates in
     hash order, so two trainings on the same text give slightly different vocabularies. So
-    in a launch of several processes the main process trains the tokenizer and the others
-    receive it (each training its own would map the same text to other ids on each process);
+    in a launch of ``world_size`` processes the main process trains the tokenizer and the
+    others receive it (each training its own would map the same text to other ids on each);
     and with ``cache_dir``, a tokenizer is kept there under a hash of the texts it learnt
     from, and reused by the next run on the same texts (the same command trains the same
     model again, and data ``lmctl prepare`` tokenized with it stays valid); ``reuse=False``
