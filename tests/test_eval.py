@@ -96,7 +96,7 @@ def _model_dir(folder: Path, objective_name: str, recipe: Recipe) -> Path:
     from transformers import CONFIG_MAPPING
 
     from lmctl.console import Console, OutputOptions
-    from lmctl.models.build import train_tokenizer
+    from lmctl.models.tokenizer import train_tokenizer
 
     lines = corpus_lines()[:3000]
     tokenizer = train_tokenizer(
@@ -105,6 +105,7 @@ def _model_dir(folder: Path, objective_name: str, recipe: Recipe) -> Path:
         algorithm=recipe.tokenizer,
         model_max_length=64,
         console=Console(OutputOptions(quiet=True)),
+        world_size=1,
     )
     config = CONFIG_MAPPING[recipe.model_type](**recipe.overrides, vocab_size=len(tokenizer))
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):

@@ -116,7 +116,7 @@ def test_train_tokenizer_learns_from_the_choice_columns(tmp_path: Path) -> None:
     import datasets
 
     from lmctl.console import Console, OutputOptions
-    from lmctl.models.build import train_tokenizer
+    from lmctl.models.tokenizer import train_tokenizer
 
     records = swag_records(50, seed=7)
     train = write_jsonl(tmp_path / "t.jsonl", records)
@@ -131,6 +131,7 @@ def test_train_tokenizer_learns_from_the_choice_columns(tmp_path: Path) -> None:
         algorithm=OBJECTIVE.tokenizer_algorithm,
         model_max_length=64,
         console=Console(OutputOptions(quiet=True)),
+        world_size=1,
     )
     assert tokenizer.tokenize("the lamp looks yellow") == ["the", "lamp", "looks", "yellow"]
     pair = tokenizer("the car is red .", "so the car looks red")

@@ -118,6 +118,7 @@ def test_lora_on_bert_adapts_attention_and_trains_a_new_head(
     from transformers import BertConfig, BertForMaskedLM, BertForMultipleChoice
 
     from lmctl.config.loader import build_config
+    from lmctl.config.slices import AdapterSpec, take
     from lmctl.console import Console, OutputOptions
     from lmctl.models.adapters import apply_lora, new_modules
     from lmctl.objectives import get_objective
@@ -142,7 +143,14 @@ def test_lora_on_bert_adapts_attention_and_trains_a_new_head(
             "do_eval": False,
         },
     )
-    adapted = apply_lora(config, model, missing, Console(OutputOptions(quiet=True)))
+    adapted = apply_lora(
+        take(AdapterSpec, config),
+        str(tmp_path / "model"),
+        model,
+        missing,
+        Console(OutputOptions(quiet=True)),
+        objective=config.objective,
+    )
     trainable = {name for name, p in adapted.named_parameters() if p.requires_grad}
     assert trainable
     assert all("lora_" in name or "classifier" in name for name in trainable), trainable

@@ -15,7 +15,7 @@ from tests.conftest import corpus_lines
 def wordpiece_tokenizer() -> Any:
     """A BERT-style tokenizer that adds [CLS] and [SEP] to every text."""
     from lmctl.console import Console, OutputOptions
-    from lmctl.models.build import train_tokenizer
+    from lmctl.models.tokenizer import train_tokenizer
 
     return train_tokenizer(
         lambda: iter([corpus_lines()[:2000]]),
@@ -23,6 +23,7 @@ def wordpiece_tokenizer() -> Any:
         algorithm="wordpiece",
         model_max_length=128,
         console=Console(OutputOptions(quiet=True)),
+        world_size=1,
     )
 
 

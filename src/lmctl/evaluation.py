@@ -30,7 +30,7 @@ from lmctl.config.fields import flag_name
 from lmctl.errors import ConfigError, Interrupted, ModelError
 from lmctl.metrics import loss_metrics
 from lmctl.metrics.lm_head import TiledHead
-from lmctl.models.build import looks_like_path
+from lmctl.models.pretrained import looks_like_path
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import rundir
 from lmctl.run.plots import write_loss_plot
@@ -226,7 +226,7 @@ def _architectures(name: str, local: Path | None) -> list[str]:
     else:
         from transformers import AutoConfig
 
-        from lmctl.models.build import load_pretrained
+        from lmctl.models.pretrained import load_pretrained
 
         found = load_pretrained(AutoConfig.from_pretrained, name, "PATH").architectures
     return [str(item) for item in found or []]

@@ -13,22 +13,20 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmctl import distributed
 from lmctl.allocator import keep_freed_blocks
-from lmctl.config.slices import Access, DataSpec, take
+from lmctl.config.slices import Access, AdapterSpec, DataSpec, ModelSpec, TokenizerSpec, take
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.data.prepared import cache_root
 from lmctl.models.activations import fuse_tanh_gelu
-from lmctl.models.build import (
-    build_model,
-    build_model_config,
-    leave_out_segment_ids,
-    load_tokenizer,
-)
+from lmctl.models.build import build_model
+from lmctl.models.config import build_model_config
 from lmctl.models.dropout import train_with_fast_dropout
 from lmctl.models.embedding import sparse_tied_embedding_gradient
 from lmctl.models.fastpaths import FastPaths
 from lmctl.models.padding import skip_padding
 from lmctl.models.plugins import load_plugins
+from lmctl.models.tokenizer import leave_out_segment_ids, load_tokenizer
 from lmctl.objectives.common import split_source
 from lmctl.run.rundir import resume_checkpoint
 
@@ -83,7 +81,11 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
     set_seed(config.seed)
     load_plugins(config.imports, console)
     has_model = has_model_source(config)
-    model_config = build_model_config(config, console) if has_model else PretrainedConfig()
+    model_config = (
+        build_model_config(take(ModelSpec, config), take(Access, config), console)
+        if has_model
+        else PretrainedConfig()
+    )
     if has_model:
         objective.check_architecture(config, model_config)
         objective.adapt_model_config(config, model_config, console)
@@ -122,11 +124,15 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
         return objective.training_texts(config, raw["train"], split_source(config, "train"))
 
     tokenizer = load_tokenizer(
-        config,
         objective,
         model_config,
         training_texts,
         console,
+        tokenizer_spec=take(TokenizerSpec, config),
+        model_spec=take(ModelSpec, config),
+        access=take(Access, config),
+        world_size=distributed.world_size(),
+        overwrite_cache=config.overwrite_cache,
         resume_from=resume_checkpoint(config),
         # A stream is read once, as it trains the tokenizer.
         cache_dir=None if config.streaming else cache_root(take(DataSpec, config)),
@@ -191,11 +197,14 @@ def prepare(
     paths.apply("allocator", keep_freed_blocks, "the C library is not glibc")
     prepared = prepare_data(config, objective, console)
     model = build_model(
-        config,
         objective,
         prepared.model_config,
         prepared.tokenizer,
         console,
+        model_spec=take(ModelSpec, config),
+        access=take(Access, config),
+        adapter=take(AdapterSpec, config),
+        training=config.do_train,
         resumed_from=resume_checkpoint(config),
         random_head_ok=random_head_ok,
     )

@@ -17,7 +17,7 @@ from lmctl.errors import ConfigError, ModelError
 from lmctl.storage.paths import is_remote, local_path
 
 if TYPE_CHECKING:
-    from lmctl.config.base import TrainConfig
+    from lmctl.config.slices import AdapterSpec
     from lmctl.console import Console
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -55,21 +55,28 @@ def new_modules(missing_keys: list[str], model: Any) -> list[str]:
     return found
 
 
-def apply_lora(config: TrainConfig, model: Any, missing_keys: list[str], console: Console) -> Any:
-    """``model`` with a LoRA adapter; only the adapter (and new heads) will train."""
+def apply_lora(
+    adapter: AdapterSpec,
+    base: str,
+    model: Any,
+    missing_keys: list[str],
+    console: Console,
+    *,
+    objective: str,
+) -> Any:
+    """``model`` (loaded from ``base``) with a LoRA adapter; only the adapter (and new heads)
+    will train."""
     from peft import LoraConfig, get_peft_model
 
-    assert config.model_name_or_path is not None
-    base = config.model_name_or_path
     if not is_remote(base) and local_path(base).is_dir():
         base = str(local_path(base).resolve())  # the adapter loads from any directory
     lora = LoraConfig(
-        r=config.lora_r,
-        lora_alpha=config.lora_alpha,
-        lora_dropout=config.lora_dropout,
-        target_modules=list(config.lora_target_modules) or None,
+        r=adapter.lora_r,
+        lora_alpha=adapter.lora_alpha,
+        lora_dropout=adapter.lora_dropout,
+        target_modules=list(adapter.lora_target_modules) or None,
         modules_to_save=new_modules(missing_keys, model) or None,
-        task_type="CAUSAL_LM" if config.objective == "clm" else None,
+        task_type="CAUSAL_LM" if objective == "clm" else None,
     )
     try:
         adapted = get_peft_model(model, lora)
@@ -81,7 +88,7 @@ def apply_lora(config: TrainConfig, model: Any, missing_keys: list[str], console
     adapted.peft_config["default"].base_model_name_or_path = base
     trainable, total = adapted.get_nb_trainable_parameters()
     console.info(
-        f"LoRA adapter (r {config.lora_r}): {trainable:,} trainable of {total:,} parameters "
+        f"LoRA adapter (r {adapter.lora_r}): {trainable:,} trainable of {total:,} parameters "
         f"({100 * trainable / max(total, 1):.2f}%)"
     )
     return adapted

@@ -75,9 +75,10 @@ class Objective(ABC):
 
     def check_architecture(self, config: TrainConfig, model_config: PretrainedConfig) -> None:
         """Reject an architecture this objective can't train, before the tokenizer and data."""
-        from lmctl.models.build import check_auto_class
+        from lmctl.config.slices import Access, ModelSpec, take
+        from lmctl.models.config import check_auto_class
 
-        check_auto_class(config, self, model_config)
+        check_auto_class(take(ModelSpec, config), take(Access, config), self, model_config)
 
     def adapt_model_config(
         self, config: TrainConfig, model_config: PretrainedConfig, console: Console
@@ -97,7 +98,7 @@ class Objective(ABC):
 
     def model_classes(self) -> set[str]:
         """Names of the model classes this objective trains (used to infer a model's task)."""
-        from lmctl.models.build import model_class_names
+        from lmctl.models.config import model_class_names
 
         return model_class_names(self.auto_model_class())
 

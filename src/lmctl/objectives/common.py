@@ -17,7 +17,7 @@ from lmctl.data.load import cached_map, group_into_blocks, text_column, tokenize
 from lmctl.data.stream.positions import POSITION_COLUMN, strip_positions
 from lmctl.data.tokens import LineEncoder, default_workers, is_blank, write_lines
 from lmctl.errors import DataError
-from lmctl.models.build import max_positions
+from lmctl.models.config import max_positions
 
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from lmctl.config.base import Problems, TrainConfig
 from lmctl.config.fields import PANEL_OBJECTIVE, option
+from lmctl.config.slices import ModelSpec, TokenizerSpec, take
 from lmctl.distributed import native_bf16
 from lmctl.errors import ConfigError
-from lmctl.models.build import tokenizer_source
+from lmctl.models.tokenizer import tokenizer_source
 from lmctl.objectives.base import Objective
 from lmctl.objectives.common import (
     LineByLineConfig,
@@ -121,7 +122,7 @@ class Mlm(Objective):
         tokenizer: PreTrainedTokenizerBase,
     ) -> None:
         assert isinstance(config, MlmConfig)
-        source = tokenizer_source(config)
+        source = tokenizer_source(take(TokenizerSpec, config), take(ModelSpec, config))
         if tokenizer.mask_token is None:
             raise ConfigError(
                 f"{source}: the tokenizer has no mask token, which masked language modelling needs",

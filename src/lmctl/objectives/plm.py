@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from lmctl.config.base import Problems, TrainConfig
 from lmctl.config.fields import PANEL_OBJECTIVE, option
+from lmctl.config.slices import ModelSpec, TokenizerSpec, take
 from lmctl.distributed import native_bf16
 from lmctl.errors import ConfigError
-from lmctl.models.build import model_source, tokenizer_source
+from lmctl.models.config import model_source
+from lmctl.models.tokenizer import tokenizer_source
 from lmctl.objectives.base import Objective
 from lmctl.objectives.common import (
     LineByLineConfig,
@@ -134,8 +136,8 @@ class Plm(Objective):
 
         if not isinstance(model_config, XLNetConfig):
             raise ConfigError(
-                f"{model_source(config)}: a {model_config.model_type} model can't be trained "
-                "for permutation language modelling, which is XLNet's objective",
+                f"{model_source(take(ModelSpec, config))}: a {model_config.model_type} model "
+                "can't be trained for permutation language modelling, which is XLNet's objective",
                 XLNET_HINT,
             )
         super().check_architecture(config, model_config)
@@ -146,7 +148,7 @@ class Plm(Objective):
         model_config: PretrainedConfig,
         tokenizer: PreTrainedTokenizerBase,
     ) -> None:
-        source = tokenizer_source(config)
+        source = tokenizer_source(take(TokenizerSpec, config), take(ModelSpec, config))
         for token, role in (("mask_token", "mask"), ("pad_token", "padding")):
             if getattr(tokenizer, token) is None:
                 raise ConfigError(

@@ -16,11 +16,11 @@ from pydantic import field_validator, model_validator
 
 from lmctl.config.base import Problems, TrainConfig
 from lmctl.config.fields import PANEL_DATA, PANEL_OBJECTIVE, option
-from lmctl.config.slices import DataSpec, take
+from lmctl.config.slices import DataSpec, ModelSpec, TokenizerSpec, take
 from lmctl.data.load import cached_map, record_location, tokenizer_fingerprint
 from lmctl.distributed import native_bf16
 from lmctl.errors import ConfigError, DataError
-from lmctl.models.build import tokenizer_source
+from lmctl.models.tokenizer import tokenizer_source
 from lmctl.objectives.base import Objective
 from lmctl.objectives.common import (
     SequenceConfig,
@@ -302,8 +302,8 @@ class Swag(Objective):
     ) -> None:
         if tokenizer.pad_token is None:
             raise ConfigError(
-                f"{tokenizer_source(config)}: the tokenizer has no padding token, which "
-                "batching the choices needs",
+                f"{tokenizer_source(take(TokenizerSpec, config), take(ModelSpec, config))}: "
+                "the tokenizer has no padding token, which batching the choices needs",
                 "use a BERT-style tokenizer, or --train-tokenizer when training from scratch",
             )
 
