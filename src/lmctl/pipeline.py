@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl.allocator import keep_freed_blocks
+from lmctl.config.slices import RunDirSpec, take
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.data.prepared import cache_root
 from lmctl.models.activations import fuse_tanh_gelu
@@ -29,7 +30,8 @@ from lmctl.models.fastpaths import FastPaths
 from lmctl.models.padding import skip_padding
 from lmctl.models.plugins import load_plugins
 from lmctl.objectives.common import split_source
-from lmctl.run.rundir import resume_checkpoint
+from lmctl.run.checkpoints import resume_checkpoint
+from lmctl.run.rundir import local_run_dir
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -121,7 +123,9 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
         model_config,
         training_texts,
         console,
-        resume_from=resume_checkpoint(config),
+        resume_from=resume_checkpoint(
+            take(RunDirSpec, config), local_run_dir(take(RunDirSpec, config))
+        ),
         # A stream is read once, as it trains the tokenizer.
         cache_dir=None if config.streaming else cache_root(config),
     )
@@ -190,7 +194,7 @@ def prepare(
         prepared.model_config,
         prepared.tokenizer,
         console,
-        resumed_from=resume_checkpoint(config),
+        resumed_from=resume_checkpoint(take(RunDirSpec, config), run_dir),
         random_head_ok=random_head_ok,
     )
     install_fast_paths(paths, config, objective, model)
