@@ -255,11 +255,15 @@ def refresh_model_card(run_dir: Path, console: Console) -> None:
         if listed
         else None
     )
-    parts = (ModelSpec, DataSpec, AdapterSpec, OptimizerSpec, LoopSpec)
-    facts = CardFacts(*(take(kind, config) for kind in parts))
     write_model_card(
         run_dir,
-        facts,
+        CardFacts(
+            take(ModelSpec, config),
+            take(DataSpec, config),
+            take(AdapterSpec, config),
+            take(OptimizerSpec, config),
+            take(LoopSpec, config),
+        ),
         objective=objective,
         results=load_results(run_dir),
         resumed=_RESUMED_NOTE in old,
