@@ -92,10 +92,6 @@ def _attempts() -> tuple[int, float]:
     return attempts, backoff
 
 
-def _child(location: locations.Location, rel: str) -> locations.Location:
-    return locations.Location(f"{location.url}/{rel}", location.protocol, f"{location.path}/{rel}")
-
-
 class RunMirror:
     """A run's local copy, uploaded to its remote run directory as it is written."""
 
@@ -270,7 +266,10 @@ class RunMirror:
         return self._target(rel).publish(files, parts)
 
     def _target(self, rel: str) -> StoreTarget:
-        location = _child(self.location, rel) if rel else self.location
+        url, protocol, path = self.location.url, self.location.protocol, self.location.path
+        location = (
+            locations.Location(f"{url}/{rel}", protocol, f"{path}/{rel}") if rel else self.location
+        )
         return StoreTarget(location, self.console, verbose=False, access_checked=True)
 
     def _parts_prefix(self, name: str) -> tuple[AbstractFileSystem, str]:

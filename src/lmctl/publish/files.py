@@ -1,6 +1,11 @@
-"""What a push uploads: the files of a run, model or checkpoint directory, with the training
-state of a checkpoint left out unless asked for, and refused when the model does not match
-the manifest of its save."""
+"""What is pushed: the final model, tokenizer, config, results and the model card of a run
+directory (the card is regenerated first from the run's config and ``all_results.json``), or
+every file of a model directory. ``checkpoint-*`` folders only on request (whole, so that
+they can be resumed). Of a checkpoint pushed on its own, only the model files: its training
+state (optimizer, scheduler, RNG states, trainer state) only with ``include_optimizer``. A
+model whose files do not match the manifest of its save is refused, and a
+``training_args.bin`` holding a secret is never uploaded.
+"""
 
 from __future__ import annotations
 
@@ -53,15 +58,6 @@ def is_checkpoint(path: Path) -> bool:
     return bool(checkpoints.CHECKPOINT_PATTERN.match(path.name)) and (
         (path / checkpoints.MANIFEST_FILE).is_file() or (path / history.STATE_FILE).is_file()
     )
-
-
-def collect_files(
-    path: Path, *, include_checkpoints: bool, include_optimizer: bool = False
-) -> list[LocalFile]:
-    """The files to publish from a run or model directory, in a stable order."""
-    return select_files(
-        path, include_checkpoints=include_checkpoints, include_optimizer=include_optimizer
-    ).files
 
 
 def select_files(

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lmctl.errors import ConfigError, PermissionDenied, RemoteUnreachable
-from lmctl.publish.files import LocalFile, Selection, collect_files, is_run_dir, select_files
+from lmctl.publish.files import LocalFile, Selection, is_run_dir, select_files
 from lmctl.publish.hub import HubTarget
 from lmctl.publish.stores import StoreTarget
 from lmctl.run.card import refresh_model_card
@@ -124,7 +124,7 @@ class PushAfterTraining:
         self.target.check_access()
 
     def push(self, run_dir: Path) -> dict[str, Any]:
-        files = collect_files(run_dir, include_checkpoints=False)
+        files = select_files(run_dir, include_checkpoints=False, include_optimizer=False).files
         try:
             return self.target.publish(files)
         except (ConfigError, PermissionDenied, RemoteUnreachable) as exc:

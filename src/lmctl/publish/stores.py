@@ -1,5 +1,12 @@
-"""An fsspec object store as a push destination, published atomically for readers: files go
-under a staging prefix and are verified there, then moved into place, the manifest last."""
+"""An fsspec object store as a push destination, published atomically for readers.
+
+Files are uploaded under a staging prefix beside the destination
+(``<parent>/.<name>.lmctl-staging/``) and each object's size and checksum are verified; only
+then are they moved into the destination, and a manifest (``lmctl-manifest.json``: every file
+with its size and SHA-256) is written last. A reader that finds the manifest finds every file
+it lists. An interrupted push is re-run with the same command: objects already verified in
+staging (or already in place) are not uploaded again.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,7 @@ class CardFacts:
 
 def command_line() -> str:
     args = ["lmctl", *sys.argv[1:]]
-    return secrets.mask_text(" ".join(_shell_quote(arg) for arg in _redact(args)))
+    return secrets.mask_text(shlex.join(_redact(args)))
 
 
 def _redact(args: list[str]) -> list[str]:
@@ -59,12 +60,6 @@ def _redact(args: list[str]) -> list[str]:
         else:
             out.append(arg)
     return out
-
-
-def _shell_quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)
 
 
 def write_model_card(
@@ -98,9 +93,7 @@ def write_model_card(
     if datasets:
         metadata["datasets"] = datasets
     lines = ["---", yaml.safe_dump(metadata, sort_keys=False).strip(), "---", ""]
-    title = path.name or "model"
-    lines.append(f"# {title}")
-    lines.append("")
+    lines += [f"# {path.name or 'model'}", ""]
     origin = (
         f"fine-tuned from `{base_model}`"
         if base_model
@@ -119,19 +112,18 @@ def write_model_card(
         "engine)."
     )
     if adapter.peft:
-        lines.append("")
-        lines.append(
+        lines += [
+            "",
             f"This repository holds a LoRA adapter (r {adapter.lora_r}, alpha "
             f"{adapter.lora_alpha}): load it with `peft.PeftModel.from_pretrained(base_model, ...)`"
             + (
                 "; `merged/` holds the adapter merged into full weights."
                 if adapter.merge_adapter
                 else "."
-            )
-        )
+            ),
+        ]
     if resumed:
-        lines.append("")
-        lines.append(f"Training was interrupted and {_RESUMED_NOTE} with `lmctl resume`.")
+        lines += ["", f"Training was interrupted and {_RESUMED_NOTE} with `lmctl resume`."]
     if results:
         lines += ["", "## Results", "", "| metric | value |", "| --- | --- |"]
         for key, value in results.items():

@@ -47,7 +47,9 @@ def append_metrics(path: Path, record: dict[str, Any]) -> None:
 
 def save_results(path: Path, split: str, metrics: dict[str, Any]) -> None:
     """``<split>_results.json`` and the merged ``all_results.json``, as the Trainer writes them."""
-    clean = {key: _json_value(value) for key, value in metrics.items()}
+    clean = {
+        key: value.item() if hasattr(value, "item") else value for key, value in metrics.items()
+    }
     write_json(path / f"{split}_results.json", clean)
     all_path = path / "all_results.json"
     merged = json.loads(all_path.read_text()) if all_path.is_file() else {}
@@ -73,12 +75,6 @@ def record_trackers(run_dir: Path, existed: bool) -> None:
     """The trackers' log folder (``runs/``), when this run created it."""
     if not existed and (run_dir / "runs").is_dir():
         record_written(run_dir, "runs")
-
-
-def _json_value(value: Any) -> Any:
-    if hasattr(value, "item"):
-        value = value.item()
-    return value
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
