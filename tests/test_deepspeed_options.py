@@ -114,21 +114,23 @@ def test_deepspeed_without_the_package_says_how_to_install(
 
 
 def test_launcher_commands(tmp_path: Path) -> None:
+    from lmctl.config.slices import LaunchSpec, take
     from lmctl.run.launch import launcher_command
 
     argv = ["train", "clm", "--nproc", "2", "--max-steps", "5", "--launcher=torchrun"]
-    command = launcher_command(_config(tmp_path, nproc=2), argv)
+    command = launcher_command(take(LaunchSpec, _config(tmp_path, nproc=2)), argv)
     assert command == [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
         "-m", "lmctl", "train", "clm", "--max-steps", "5",
     ]  # fmt: skip
     two_nodes = _config(tmp_path, nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1")
-    assert launcher_command(two_nodes, ["train", "clm"])[3:14] == [
+    assert launcher_command(take(LaunchSpec, two_nodes), ["train", "clm"])[3:14] == [
         "--nproc_per_node", "4", "--nnodes", "2", "--node_rank", "1",
         "--master_addr", "10.0.0.1", "--master_port", "29500", "-m",
     ]  # fmt: skip
     accelerate = launcher_command(
-        _config(tmp_path, nproc=2, launcher="accelerate", master_port=1234), ["train", "clm"]
+        take(LaunchSpec, _config(tmp_path, nproc=2, launcher="accelerate", master_port=1234)),
+        ["train", "clm"],
     )
     assert accelerate[1:3] == ["-m", "accelerate.commands.launch"]
     assert accelerate[accelerate.index("--num_processes") + 1] == "2"
@@ -139,27 +141,36 @@ def test_launcher_commands_with_restarts(tmp_path: Path) -> None:
     """--max-restarts reaches torchrun's elastic agent, through either launcher; several
     machines meet through the elastic rendezvous, hosted by the machine of --node-rank 0;
     every attempt meets in a store of its own."""
+    from lmctl.config.slices import LaunchSpec, take
     from lmctl.run.launch import launcher_command, launcher_environment
 
     one = _config(tmp_path, nproc=2, max_restarts=3)
-    assert launcher_command(one, ["train", "clm", "--max-restarts", "3"])[3:8] == [
+    assert launcher_command(
+        take(LaunchSpec, one), ["train", "clm", "--max-restarts", "3"]
+    )[3:8] == [
         "--nproc_per_node", "2", "--standalone", "--max_restarts", "3",
     ]  # fmt: skip
-    assert launcher_environment(one) == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    assert launcher_environment(take(LaunchSpec, one)) == {
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"
+    }
     two = _config(tmp_path, nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", max_restarts=3)
-    assert launcher_command(two, ["train", "clm"])[3:16] == [
+    assert launcher_command(take(LaunchSpec, two), ["train", "clm"])[3:16] == [
         "--nproc_per_node", "4", "--nnodes", "2", "--rdzv_backend", "c10d",
         "--rdzv_endpoint", "10.0.0.1:29500", "--rdzv_conf", "is_host=0", "--max_restarts", "3",
         "-m",
     ]  # fmt: skip
-    accelerate = launcher_command(two.model_copy(update={"launcher": "accelerate"}), [])
+    accelerate = launcher_command(
+        take(LaunchSpec, two.model_copy(update={"launcher": "accelerate"})), []
+    )
     assert accelerate[accelerate.index("--max_restarts") + 1] == "3"
     assert accelerate[accelerate.index("--rdzv_backend") + 1] == "c10d"
     assert accelerate[accelerate.index("--rdzv_conf") + 1] == "is_host=0"
     alone = _config(tmp_path, nproc=2, max_restarts=1, launcher="accelerate")
-    assert "--rdzv_backend" not in launcher_command(alone, [])
-    assert launcher_environment(alone)["PET_STANDALONE"] == "1"  # torchrun's --standalone
-    assert launcher_environment(_config(tmp_path, nproc=2)) == {}
+    assert "--rdzv_backend" not in launcher_command(take(LaunchSpec, alone), [])
+    assert (
+        launcher_environment(take(LaunchSpec, alone))["PET_STANDALONE"] == "1"
+    )  # torchrun's --standalone
+    assert launcher_environment(take(LaunchSpec, _config(tmp_path, nproc=2))) == {}
 
 
 def test_resume_refuses_another_world_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

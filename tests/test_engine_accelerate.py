@@ -21,7 +21,7 @@ from lmctl.config.loader import build_config
 from lmctl.errors import ConfigError
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.objectives.clm import ClmConfig
-from lmctl.run import rundir
+from lmctl.run import checkpoints, history
 from lmctl.storage import atomic
 from tests import conftest
 from tests.conftest import TINY_GPT2, lmctl, slow_except, without_packages
@@ -71,7 +71,7 @@ def clm_args(
 
 
 def records(out: Path) -> list[dict[str, Any]]:
-    lines = (out / rundir.METRICS_LOG).read_text().splitlines()
+    lines = (out / history.METRICS_LOG).read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
 
 
@@ -115,7 +115,7 @@ def run_until(
 def logged_step(out: Path) -> int:
     """The highest step in the metrics log so far (0 before the first record)."""
     steps = [0]
-    log = out / rundir.METRICS_LOG
+    log = out / history.METRICS_LOG
     if log.is_file():
         for line in log.read_text().splitlines():
             try:
@@ -167,7 +167,7 @@ def test_same_run_directory_and_keys_as_the_trainer_engine(
 
     assert names(accelerate) == names(trainer)
     assert "checkpoint-4" in names(accelerate)
-    assert rundir.is_complete_checkpoint(accelerate / "checkpoint-4")
+    assert checkpoints.is_complete_checkpoint(accelerate / "checkpoint-4")
     assert set(results(accelerate)) == set(results(trainer))
     for split in ("train", "eval"):
         ours = json.loads((accelerate / f"{split}_results.json").read_text())
@@ -178,7 +178,7 @@ def test_same_run_directory_and_keys_as_the_trainer_engine(
         return [set(record) for record in records(out)]
 
     assert log_keys(accelerate) == log_keys(trainer)
-    state = json.loads((accelerate / rundir.STATE_FILE).read_text())
+    state = json.loads((accelerate / history.STATE_FILE).read_text())
     assert state["global_step"] == 4 and state["log_history"]
     auto_class = get_objective(objective).auto_model_class()
     auto_class.from_pretrained(accelerate)
@@ -255,20 +255,20 @@ def test_resume_after_a_crash_matches_the_uninterrupted_run(
     staging = atomic.staging_dir(out / "checkpoint-30", owner="accelerate")
     killed = run_until(
         args,
-        (staging / rundir.STATE_FILE).is_file,
+        (staging / history.STATE_FILE).is_file,
         signal.SIGKILL,
         tmp_path,
         env={atomic.TEST_PAUSE_ENV: "checkpoint-30:120"},
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert staging.is_dir() and not (out / "checkpoint-30").exists()
-    latest = rundir.latest_checkpoint(out)
+    latest = checkpoints.latest_checkpoint(out)
     assert latest is not None and latest.name == "checkpoint-20"
 
     resumed = lmctl(*args, "--resume-from-checkpoint", "auto", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from {latest}" in resumed.stderr
-    state = json.loads((out / rundir.STATE_FILE).read_text())
+    state = json.loads((out / history.STATE_FILE).read_text())
     assert state["global_step"] == STEPS
     step, loss = last_training_loss(out)
     full_step, full_loss = last_training_loss(uninterrupted)
@@ -289,12 +289,12 @@ def test_sigint_checkpoints_then_resume_continues_exactly(
     assert stopped.returncode == 130, stopped.stderr
     assert "Traceback" not in stopped.stderr
     assert f"lmctl resume {out}" in stopped.stderr
-    latest = rundir.latest_checkpoint(out)
+    latest = checkpoints.latest_checkpoint(out)
     assert latest is not None
     step = int(latest.name.split("-")[1])
     assert 15 <= step < STEPS
     assert f"checkpoint saved at step {step}" in stopped.stderr
-    state = json.loads((latest / rundir.STATE_FILE).read_text())
+    state = json.loads((latest / history.STATE_FILE).read_text())
     assert state["global_step"] == step
     assert (latest / "optimizer.bin").is_file() and (latest / "random_states_0.pkl").is_file()
 
@@ -369,7 +369,7 @@ def test_streaming_resumes_exactly_across_passes(
     proc = lmctl(*args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert results(full)["eval_samples"] > 0
-    state = json.loads((full / "checkpoint-60" / rundir.STATE_FILE).read_text())
+    state = json.loads((full / "checkpoint-60" / history.STATE_FILE).read_text())
     assert state["stateful_callbacks"]["AccelerateDataPosition"] == {"epoch": 0, "batches_done": 60}
     epochs = [record["epoch"] for record in records(full) if "epoch" in record]
     assert epochs[-1] >= 1  # the run went on into a second pass

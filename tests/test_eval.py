@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from lmctl.cli.app import app
 from lmctl.config.fields import flag_name
 from lmctl.objectives import OBJECTIVES, get_objective
-from lmctl.run import rundir
+from lmctl.run import checkpoints, history, rundir
 from tests.conftest import corpus_lines, lmctl
 
 TIMING_KEYS = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
@@ -175,9 +175,9 @@ def test_same_numbers_for_model_run_and_checkpoint(
     _copy_model(model, run)
     rundir.write_config(run, config)
     train_file.unlink()  # evaluation reads only the validation data
-    with rundir.atomic_dir(run / "checkpoint-7") as staging:
+    with checkpoints.atomic_dir(run / "checkpoint-7") as staging:
         _copy_model(model, staging)
-        (staging / rundir.STATE_FILE).write_text(json.dumps({"global_step": 7}))
+        (staging / history.STATE_FILE).write_text(json.dumps({"global_step": 7}))
     for path, kind in ((run, "run"), (run / "checkpoint-7", "checkpoint")):
         code, payload, err = run_eval(path)
         assert code == 0, err

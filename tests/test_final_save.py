@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lmctl.run import rundir
+from lmctl.run import checkpoints
 from lmctl.storage import atomic
 from tests.conftest import TINY_GPT2, assert_clean_failure, lmctl
 
@@ -86,7 +86,7 @@ def test_kill_during_the_final_save_leaves_no_model_that_looks_complete(
     resumed = lmctl("resume", out)
     assert resumed.returncode == 0, resumed.stderr
     assert not any(p.name.startswith(".tmp-") for p in out.iterdir())
-    assert rundir.model_problem(out) is None and (out / MODEL_MANIFEST).is_file()
+    assert checkpoints.model_problem(out) is None and (out / MODEL_MANIFEST).is_file()
 
 
 def test_a_truncated_or_unlisted_final_model_is_refused(

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from lmctl.run import rundir
+from lmctl.run import history
 from tests.conftest import lmctl
 
 
@@ -89,13 +89,13 @@ def test_eval_writes_strict_json(
 
 
 def test_results_and_metrics_log_are_strict(tmp_path: Path) -> None:
-    rundir.save_results(tmp_path, "eval", {"eval_loss": math.inf, "eval_accuracy": 0.5})
-    rundir.save_results(tmp_path, "train", {"train_loss": math.nan})
+    history.save_results(tmp_path, "eval", {"eval_loss": math.inf, "eval_accuracy": 0.5})
+    history.save_results(tmp_path, "train", {"train_loss": math.nan})
     everything = strict((tmp_path / "all_results.json").read_text())
     assert everything["eval_loss"] is None and everything["train_loss"] is None
     assert sorted(everything["non_finite"]) == ["eval_loss", "train_loss"]
-    rundir.save_results(tmp_path, "eval", {"eval_loss": 1.5})
+    history.save_results(tmp_path, "eval", {"eval_loss": 1.5})
     assert strict((tmp_path / "all_results.json").read_text())["non_finite"] == ["train_loss"]
-    rundir.append_metrics(tmp_path, {"step": 3, "loss": 2.0, "grad_norm": math.inf})
+    history.append_metrics(tmp_path, {"step": 3, "loss": 2.0, "grad_norm": math.inf})
     record = strict((tmp_path / "metrics.jsonl").read_text())
     assert record["grad_norm"] is None and record["non_finite"] == ["grad_norm"]

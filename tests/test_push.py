@@ -474,8 +474,8 @@ def test_model_card_is_refreshed_from_the_run(trained_run: Path, tmp_path: Path)
     """New results show up; the training command and library versions of the run stay."""
     import shutil
 
-    from lmctl import publish
     from lmctl.console import Console
+    from lmctl.run.card import refresh_model_card
 
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)
@@ -483,11 +483,11 @@ def test_model_card_is_refreshed_from_the_run(trained_run: Path, tmp_path: Path)
     card.write_text(re.sub(r"(?m)^- torch .*$", "- torch 0.0.1", card.read_text()))
     results = json.loads((run / "all_results.json").read_text())
     (run / "all_results.json").write_text(json.dumps({**results, "eval_rouge": 0.25}))
-    publish.refresh_model_card(run, Console())
+    refresh_model_card(run, Console())
     text = card.read_text()
     assert "| eval_rouge | 0.2500 |" in text
     assert "- torch 0.0.1\n- datasets " in text and "- tokenizers " in text
     assert "lmctl train clm --model-type gpt2" in text
     card.unlink()
-    publish.refresh_model_card(run, Console())
+    refresh_model_card(run, Console())
     assert "lmctl train clm --config lmctl.yaml" in card.read_text()

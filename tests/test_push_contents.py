@@ -133,7 +133,7 @@ def test_a_checkpoint_is_pushed_without_its_training_state(
 
 
 def test_every_process_stream_position_is_training_state() -> None:
-    from lmctl.publish import _is_state
+    from lmctl.publish.files import _is_state
 
     for name in ("stream_position.json", "stream_position-1.json", "stream_position-12.json"):
         assert _is_state((name,)), name

@@ -280,7 +280,7 @@ def test_machines_check_write_access_at_once(tmp_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from lmctl.console import Console, OutputOptions
-    from lmctl.publish import StoreTarget
+    from lmctl.publish.stores import StoreTarget
     from lmctl.storage import locations
 
     location = locations.parse_location(f"file://{tmp_path}/store/run", "-o", destination=True)
@@ -299,7 +299,8 @@ def test_files_another_process_staged_are_published_with_these(tmp_path: Path) -
     place by the one that publishes, listed in the manifest with the size and checksum it
     was staged with; a second publication after one that stopped midway finds it in place."""
     from lmctl.console import Console, OutputOptions
-    from lmctl.publish import LocalFile, StagedFile, StoreTarget
+    from lmctl.publish.files import LocalFile
+    from lmctl.publish.stores import StagedFile, StoreTarget
     from lmctl.storage import locations
 
     own, other = tmp_path / "own.bin", tmp_path / "other.bin"

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from lmctl.config.loader import build_config
+from lmctl.config.slices import RunDirSpec, take
 from lmctl.objectives.clm import ClmConfig
-from lmctl.run import restarts, rundir
+from lmctl.run import history, restarts, rundir
 from tests.conftest import lmctl
 
 
@@ -130,19 +131,25 @@ def test_a_restarted_process_continues_from_the_newest_checkpoint(
     config = build_config(ClmConfig, cli_values={**base, "output_dir": str(out)})
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     restarts.note_start()
-    assert restarts.continue_after_restart(config).resume_from_checkpoint == "auto"
+    assert (
+        restarts.continue_after_restart(take(RunDirSpec, config)).resume_from_checkpoint == "auto"
+    )
     given = tmp_path / "other" / "checkpoint-3"
     given.mkdir(parents=True)
     resumed = config.model_copy(update={"resume_from_checkpoint": str(given)})
     # the checkpoint given to the first attempt, until the run has one of its own
-    assert restarts.continue_after_restart(resumed).resume_from_checkpoint == str(given)
+    assert restarts.continue_after_restart(take(RunDirSpec, resumed)).resume_from_checkpoint == str(
+        given
+    )
     (out / "checkpoint-5").mkdir(parents=True)
-    (out / "checkpoint-5" / rundir.STATE_FILE).write_text("{}")
-    assert restarts.continue_after_restart(resumed).resume_from_checkpoint == "auto"
+    (out / "checkpoint-5" / history.STATE_FILE).write_text("{}")
+    assert (
+        restarts.continue_after_restart(take(RunDirSpec, resumed)).resume_from_checkpoint == "auto"
+    )
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     _notes_folder().rename(tmp_path / "notes")  # a first start, with no notes before it
     restarts.note_start()
-    assert restarts.continue_after_restart(config) is config
+    assert restarts.continue_after_restart(spec := take(RunDirSpec, config)) is spec
 
 
 def test_runs_shows_each_restart(tmp_path: Path) -> None:
@@ -158,7 +165,7 @@ def test_runs_shows_each_restart(tmp_path: Path) -> None:
          "cause": "rank 1 (pid 42) was killed"},
         {"step": 6, "loss": 2.5},
     ]  # fmt: skip
-    (run / rundir.METRICS_LOG).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (run / history.METRICS_LOG).write_text("".join(json.dumps(line) + "\n" for line in lines))
     from lmctl.run.summary import read_curves
 
     assert read_curves(run).train_loss == [(4, 3.0), (6, 2.5)]

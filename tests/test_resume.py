@@ -19,7 +19,7 @@ import pytest
 
 from lmctl.engine import ENGINES
 from lmctl.objectives.clm import ClmConfig
-from lmctl.run import rundir
+from lmctl.run import checkpoints, history, rundir
 from lmctl.storage import atomic
 from tests.conftest import corpus_lines, lmctl, slow_except
 
@@ -47,13 +47,13 @@ def _synthetic_run(
     run.mkdir()
     rundir.write_config(run, config)
     for step in steps:
-        with rundir.atomic_dir(run / f"checkpoint-{step}") as staging:
+        with checkpoints.atomic_dir(run / f"checkpoint-{step}") as staging:
             (staging / "model.safetensors").write_bytes(b"w" * 64)
             state = {"global_step": step, "max_steps": max_steps, "num_train_epochs": 3}
-            (staging / rundir.STATE_FILE).write_text(json.dumps(state))
+            (staging / history.STATE_FILE).write_text(json.dumps(state))
     if finished:
-        (run / rundir.STATE_FILE).write_text(json.dumps({"global_step": steps[-1]}))
-        rundir.append_metrics(run, {"event": "finished", "step": steps[-1]})
+        (run / history.STATE_FILE).write_text(json.dumps({"global_step": steps[-1]}))
+        history.append_metrics(run, {"event": "finished", "step": steps[-1]})
     return run
 
 
@@ -218,7 +218,7 @@ def _start(args: list[str], **env: str) -> subprocess.Popen[str]:
 
 def _logged_step(run: Path) -> int:
     """The newest step logged since the run (re)started."""
-    log = run / rundir.METRICS_LOG
+    log = run / history.METRICS_LOG
     if not log.is_file():
         return 0
     step = 0
@@ -286,8 +286,8 @@ def _interrupt(engine: str, train_file: Path, out: Path, sig: int) -> Path:
     assert f"interrupted by {signal.Signals(sig).name}" in proc.stderr
     assert f"continue with: lmctl resume {out}" in proc.stderr
     assert "Traceback" not in proc.stderr
-    latest = rundir.latest_checkpoint(out)
-    assert latest is not None and rundir.checkpoint_step(latest) >= 13, proc.stderr
+    latest = checkpoints.latest_checkpoint(out)
+    assert latest is not None and checkpoints.checkpoint_step(latest) >= 13, proc.stderr
     assert not (out / "model.safetensors").exists()
     return latest
 
@@ -301,11 +301,11 @@ def test_killed_before_the_final_save_finishes_with_the_run_totals(
     uninterrupted run's."""
     engine, ref = reference
     out = tmp_path / "run"
-    pause = {atomic.TEST_PAUSE_ENV: f"{rundir.MODEL_STAGING}:300"}
+    pause = {atomic.TEST_PAUSE_ENV: f"{checkpoints.MODEL_STAGING}:300"}
     proc = _start(_train_args(small_train_file, engine, out), **pause)
     assert proc.stderr is not None
     for line in proc.stderr:
-        if f"before committing {rundir.MODEL_STAGING}" in line:
+        if f"before committing {checkpoints.MODEL_STAGING}" in line:
             break
     proc.kill()
     proc.communicate(timeout=60)
@@ -354,14 +354,14 @@ def test_interrupt_saves_checkpoint_and_resume_finishes(
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {out} from {latest.name}" in resumed.stderr
     assert _max_weight_diff(ref, out) < 1e-5
-    start = rundir.checkpoint_step(latest)
-    saved = {rundir.checkpoint_step(p) for p in rundir.checkpoints(out)}
+    start = checkpoints.checkpoint_step(latest)
+    saved = {checkpoints.checkpoint_step(p) for p in checkpoints.checkpoints(out)}
     assert {s for s in saved if s > start} == {*range(7 * (start // 7 + 1), MAX_STEPS, 7), 40}
     assert _logged_step(out) == MAX_STEPS
     card = (out / "README.md").read_text()
     assert "resumed from a checkpoint with `lmctl resume`" in card
-    events = [json.loads(line) for line in (out / rundir.METRICS_LOG).read_text().splitlines()]
-    assert {"event": "resume", "step": rundir.checkpoint_step(latest)}.items() <= events[
+    events = [json.loads(line) for line in (out / history.METRICS_LOG).read_text().splitlines()]
+    assert {"event": "resume", "step": checkpoints.checkpoint_step(latest)}.items() <= events[
         [e.get("event") for e in events].index("resume")
     ].items()
     logged = [e["step"] for e in events[[e.get("event") for e in events].index("resume") :]]
@@ -374,7 +374,7 @@ def test_interrupt_saves_checkpoint_and_resume_finishes(
     extended = lmctl("resume", out, "--max-steps", str(MAX_STEPS + 4), "--json")
     assert extended.returncode == 0, extended.stderr
     assert json.loads(extended.stdout)["global_step"] == MAX_STEPS + 4
-    assert rundir.latest_checkpoint(out) == out / f"checkpoint-{MAX_STEPS + 4}"
+    assert checkpoints.latest_checkpoint(out) == out / f"checkpoint-{MAX_STEPS + 4}"
     assert f"max_steps: {MAX_STEPS + 4}" in (out / rundir.CONFIG_FILE).read_text()
 
 
@@ -396,7 +396,7 @@ def test_sigkill_then_resume_is_exact(
             command = args if number == 0 else ["resume", str(out)]
             proc = _run_until(command, out, step, signal.SIGKILL)
             assert proc.returncode == -signal.SIGKILL, (seed, step, proc.stderr)
-            assert rundir.latest_checkpoint(out) is not None, (seed, step)
+            assert checkpoints.latest_checkpoint(out) is not None, (seed, step)
         _resume(out)
         diff = _max_weight_diff(ref, out)
         assert diff < 1e-5, f"seed {seed}, killed at {kill_steps}: max abs diff {diff}"
@@ -422,7 +422,7 @@ def test_sigkill_during_checkpoint_save(
     assert proc.returncode == -signal.SIGKILL
     assert not (out / paused).exists()
     assert any(p.name.startswith(f".tmp-{paused}") for p in out.iterdir())
-    assert rundir.latest_checkpoint(out) == out / f"checkpoint-{SAVE_STEPS}"
+    assert checkpoints.latest_checkpoint(out) == out / f"checkpoint-{SAVE_STEPS}"
 
     resumed = _resume(out)
     assert f"removed .tmp-{paused}" in resumed.stderr
@@ -464,8 +464,8 @@ def test_save_total_limit_keeps_newest_and_best(
         "1",
     )
     assert proc.returncode == 0, proc.stderr
-    state = json.loads((out / rundir.STATE_FILE).read_text())
+    state = json.loads((out / history.STATE_FILE).read_text())
     best = Path(state["best_model_checkpoint"]).name
-    kept = [p.name for p in rundir.checkpoints(out)]
+    kept = [p.name for p in checkpoints.checkpoints(out)]
     assert best != "checkpoint-20", state["log_history"]
     assert kept == [best, "checkpoint-20"]

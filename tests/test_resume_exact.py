@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lmctl.engine import ENGINES
-from lmctl.run import rundir
+from lmctl.run import checkpoints
 from tests.conftest import TINY_BERT, TINY_GPT2, TINY_XLNET, corpus_lines, lmctl
 from tests.test_resume import _max_weight_diff, _run_until
 
@@ -77,8 +77,8 @@ def test_sigkill_then_resume_is_exact(
     out = tmp_path / "killed"
     killed = _run_until(args(out), out, KILL_AFTER, signal.SIGKILL)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    latest = rundir.latest_checkpoint(out)
-    assert latest is not None and rundir.checkpoint_step(latest) < MAX_STEPS, killed.stderr
+    latest = checkpoints.latest_checkpoint(out)
+    assert latest is not None and checkpoints.checkpoint_step(latest) < MAX_STEPS, killed.stderr
     resumed = lmctl("resume", out)
     assert resumed.returncode == 0, resumed.stderr
     assert f"from {latest.name}" in resumed.stderr

@@ -32,7 +32,7 @@ from lmctl.metrics import loss_metrics
 from lmctl.metrics.lm_head import TiledHead
 from lmctl.models.pretrained import looks_like_path
 from lmctl.objectives import OBJECTIVES, get_objective
-from lmctl.run import rundir
+from lmctl.run import checkpoints, history, rundir
 from lmctl.run.plots import write_loss_plot
 from lmctl.run.resume import resume_command
 from lmctl.storage.locations import localize
@@ -139,8 +139,8 @@ def resolve_target(path: str, task: str | None) -> Target:
         # them in the checkpoint that was used. A fetched copy is not the run: no results.
         return Target("run", path, str(weights), objective, saved, None if remote else weights)
     parent = local.resolve().parent
-    if rundir.CHECKPOINT_PATTERN.match(local.name) and (parent / rundir.CONFIG_FILE).is_file():
-        problem = rundir.checkpoint_problem(local)
+    if checkpoints.CHECKPOINT_PATTERN.match(local.name) and (parent / rundir.CONFIG_FILE).is_file():
+        problem = checkpoints.checkpoint_problem(local)
         if problem is not None:
             raise ConfigError(
                 f"{path}: incomplete or corrupted checkpoint ({problem})",
@@ -180,7 +180,7 @@ def _run_weights(run_dir: Path) -> Path:
     if (run_dir / MODEL_CONFIG).is_file():
         _check_model_files(run_dir)
         return run_dir
-    checkpoint = rundir.latest_checkpoint(run_dir)
+    checkpoint = checkpoints.latest_checkpoint(run_dir)
     if checkpoint is None:
         raise ConfigError(
             f"{run_dir} has no model yet: no final model and no complete checkpoint",
@@ -191,7 +191,7 @@ def _run_weights(run_dir: Path) -> Path:
 
 def _check_model_files(folder: Path) -> None:
     """Refuse a final model whose files do not match the manifest of its save."""
-    problem = rundir.model_problem(folder)
+    problem = checkpoints.model_problem(folder)
     if problem is not None:
         raise ModelError(
             f"{folder}: the model is incomplete or corrupted ({problem})",
@@ -467,9 +467,9 @@ def save(target: Target, destination: Path, metrics: dict[str, Any]) -> None:
     own = target.results_dir / RESULTS_FILE if target.results_dir is not None else None
     if target.kind == "run" and destination == own:
         # The run's own results: all_results.json gets the eval keys, its train keys stay.
-        rundir.save_results(destination.parent, "eval", metrics)
+        history.save_results(destination.parent, "eval", metrics)
     else:
-        rundir.write_json(destination, metrics)
+        history.write_json(destination, metrics)
 
 
 def record_in_run(target: Target, metrics: dict[str, Any], console: Console) -> None:
@@ -478,18 +478,18 @@ def record_in_run(target: Target, metrics: dict[str, Any], console: Console) -> 
     weights = Path(target.weights)
     if target.kind == "model" or not weights.is_dir():
         return
-    is_checkpoint = rundir.CHECKPOINT_PATTERN.match(weights.name) is not None
+    is_checkpoint = checkpoints.CHECKPOINT_PATTERN.match(weights.name) is not None
     run_dir = weights.parent if is_checkpoint else weights
     if not (run_dir / rundir.CONFIG_FILE).is_file():
         return
     if is_checkpoint:
-        step = rundir.checkpoint_step(weights)
+        step = checkpoints.checkpoint_step(weights)
     else:
         try:
-            step = int(json.loads((run_dir / rundir.STATE_FILE).read_text())["global_step"])
+            step = int(json.loads((run_dir / history.STATE_FILE).read_text())["global_step"])
         except (OSError, ValueError, KeyError, TypeError):
             return
-    rundir.append_metrics(run_dir, {"event": "eval", "step": step, **metrics})
+    history.append_metrics(run_dir, {"event": "eval", "step": step, **metrics})
     write_loss_plot(run_dir, console)
 
 
@@ -510,7 +510,7 @@ def run_evaluation(
     config = eval_config(target, options)
     destination = results_destination(target, output, overwrite_results, console)
     console.info(f"evaluating {target.weights} ({target.objective.name}, {target.kind})")
-    if target.kind == "run" and rundir.CHECKPOINT_PATTERN.match(Path(target.weights).name):
+    if target.kind == "run" and checkpoints.CHECKPOINT_PATTERN.match(Path(target.weights).name):
         console.info(f"{path} has no final model yet: evaluating its newest checkpoint")
     saved = target.saved
     if (

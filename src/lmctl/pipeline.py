@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed
 from lmctl.allocator import keep_freed_blocks
-from lmctl.config.slices import Access, AdapterSpec, DataSpec, ModelSpec, TokenizerSpec, take
+from lmctl.config.slices import (
+    Access,
+    AdapterSpec,
+    DataSpec,
+    ModelSpec,
+    RunDirSpec,
+    TokenizerSpec,
+    take,
+)
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.data.prepared import cache_root
 from lmctl.models.activations import fuse_tanh_gelu
@@ -28,7 +36,8 @@ from lmctl.models.padding import skip_padding
 from lmctl.models.plugins import load_plugins
 from lmctl.models.tokenizer import leave_out_segment_ids, load_tokenizer
 from lmctl.objectives.common import split_source
-from lmctl.run.rundir import resume_checkpoint
+from lmctl.run.checkpoints import resume_checkpoint
+from lmctl.run.rundir import local_run_dir
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -133,7 +142,9 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
         access=take(Access, config),
         world_size=distributed.world_size(),
         overwrite_cache=config.overwrite_cache,
-        resume_from=resume_checkpoint(config),
+        resume_from=resume_checkpoint(
+            take(RunDirSpec, config), local_run_dir(take(RunDirSpec, config))
+        ),
         # A stream is read once, as it trains the tokenizer.
         cache_dir=None if config.streaming else cache_root(take(DataSpec, config)),
     )
@@ -205,7 +216,7 @@ def prepare(
         access=take(Access, config),
         adapter=take(AdapterSpec, config),
         training=config.do_train,
-        resumed_from=resume_checkpoint(config),
+        resumed_from=resume_checkpoint(take(RunDirSpec, config), run_dir),
         random_head_ok=random_head_ok,
     )
     install_fast_paths(paths, config, objective, model)

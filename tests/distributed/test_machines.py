@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from lmctl.run import rundir
+from lmctl.run import checkpoints
 from tests.conftest import S3Store, free_port
 from tests.distributed.conftest import (
     RECORDER,
@@ -109,7 +109,7 @@ def _ranks_in(listed: list[str]) -> set[int]:
     """The ranks whose RNG state a checkpoint's files hold."""
     found = set()
     for rel in listed:
-        match = rundir.RNG_STATE_FILE.match(rel.rsplit("/", 1)[-1])
+        match = checkpoints.RNG_STATE_FILE.match(rel.rsplit("/", 1)[-1])
         if match:
             found.add(int(match.group(1) or match.group(2) or 0))
     return found
@@ -282,7 +282,7 @@ def test_a_pre_emption_under_the_agent_saves_first(
     for pid in processes if who == "job" else [p for p in processes if rank_of(p) is not None]:
         os.kill(pid, signal.SIGTERM)
     done = finish(proc)
-    saved = [rundir.checkpoint_step(path) for path in rundir.checkpoints(out)]
+    saved = [checkpoints.checkpoint_step(path) for path in checkpoints.checkpoints(out)]
     step = next(s for s in saved if s not in (5, 10))
     assert 0 < step < 5, saved
     assert f"checkpoint saved at step {step}" in done.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lmctl.run import rundir
+from lmctl.run import checkpoints as run_checkpoints
 from tests.distributed.conftest import (
     RECORDER,
     TINY_BERT,
@@ -202,9 +202,9 @@ def test_a_signal_to_one_rank_stops_both_at_the_same_step(
     os.kill(pids[0], signal.SIGTERM)  # one rank only: the launcher and rank 0 are not told
     done = finish(proc)
     assert done.returncode == 130, done.stderr[-4000:]
-    checkpoints = rundir.checkpoints(out)
+    checkpoints = run_checkpoints.checkpoints(out)
     assert len(checkpoints) == 1, checkpoints
-    step = rundir.checkpoint_step(checkpoints[0])
+    step = run_checkpoints.checkpoint_step(checkpoints[0])
     assert 0 < step < 200
     assert len(records(seen, 0)) == len(records(seen, 1)) == step * 4  # same step on both
 

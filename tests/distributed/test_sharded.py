@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lmctl.run import rundir
+from lmctl.run import checkpoints
 from tests.distributed.conftest import (
     RECORDER,
     TINY_GPT2,
@@ -69,7 +69,7 @@ def test_sharded_run_resumes_after_sigkill_to_the_same_weights(
     assert "saved by 2 process(es); this run has 1" in refused.stderr
     resumed = run(lmctl_command("resume", killed, "--nproc", "2"), tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert rundir.checkpoint_step(rundir.latest_checkpoint(killed)) == 10  # type: ignore[arg-type]
+    assert checkpoints.checkpoint_step(checkpoints.latest_checkpoint(killed)) == 10  # type: ignore[arg-type]
     assert max_difference(weights(full), weights(killed)) <= 1e-5
     assert results(killed)["eval_loss"] == pytest.approx(results(full)["eval_loss"], rel=1e-5)
     records = [json.loads(line) for line in (killed / "metrics.jsonl").open()]

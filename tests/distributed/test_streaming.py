@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lmctl.run import rundir
+from lmctl.run import checkpoints
 from tests.distributed.conftest import (
     RECORDER,
     TINY_GPT2,
@@ -76,9 +76,9 @@ def test_uneven_stream_on_two_ranks_completes_and_resumes_per_rank(
     slow = {"LMCTL_RECORD_DIR": str(seen_killed), "LMCTL_STEP_DELAY": "1"}
     proc = start(lmctl_command(*_args(bpe_tokenizer, uneven_files, killed, engine)), tmp_path, slow)
     kill_when(proc, (killed / "checkpoint-12").is_dir)
-    checkpoint = rundir.latest_checkpoint(killed)
+    checkpoint = checkpoints.latest_checkpoint(killed)
     assert checkpoint is not None
-    step = rundir.checkpoint_step(checkpoint)
+    step = checkpoints.checkpoint_step(checkpoint)
     seen_resumed = tmp_path / "seen-resumed"
     seen_resumed.mkdir()
     resumed = run(

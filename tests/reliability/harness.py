@@ -32,7 +32,7 @@ PRELOAD = [
     "lmctl.engine",
     "lmctl.engine.trainer",
     "lmctl.pipeline",
-    "lmctl.publish",
+    "lmctl.publish.push",
 ]
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from lmctl.run import rundir
+from lmctl.run import checkpoints
 from lmctl.storage import atomic
 from lmctl.storage.locations import MANIFEST
 from tests.conftest import S3Store
@@ -76,10 +76,10 @@ def recover(run: Path, log: Path, context: str, *, finished_ok: bool = False) ->
 
 
 def assert_resumable(run: Path, context: str) -> None:
-    latest = rundir.latest_checkpoint(run)
+    latest = checkpoints.latest_checkpoint(run)
     assert latest is not None, f"{context}: no complete checkpoint left"
-    for checkpoint in rundir.checkpoints(run):
-        assert rundir.checkpoint_problem(checkpoint) is None, f"{context}: {checkpoint.name}"
+    for checkpoint in checkpoints.checkpoints(run):
+        assert checkpoints.checkpoint_problem(checkpoint) is None, f"{context}: {checkpoint.name}"
 
 
 def _step_line(step: int) -> str:
@@ -98,8 +98,8 @@ def test_sigkill_during_training(
     run = tmp_path / "run"
     moments = []
     for trial in range(TRIALS):
-        latest = rundir.latest_checkpoint(run)
-        start = rundir.checkpoint_step(latest) if latest else 0
+        latest = checkpoints.latest_checkpoint(run)
+        start = checkpoints.checkpoint_step(latest) if latest else 0
         if max(start, FAULT_SAVE_STEPS) + 1 > FAULT_STEPS - 2:
             recover(
                 run, tmp_path / f"recover-{trial}", f"after kills at {moments}", finished_ok=True
@@ -130,10 +130,10 @@ def test_sigkill_during_checkpoint_save(
     run = tmp_path / "run"
     moments = []
     for trial in range(TRIALS):
-        latest = rundir.latest_checkpoint(run)
+        latest = checkpoints.latest_checkpoint(run)
         # A fresh run is killed in its second save or later: killed in its first, it would
         # have no checkpoint to resume from.
-        start = rundir.checkpoint_step(latest) if latest else FAULT_SAVE_STEPS
+        start = checkpoints.checkpoint_step(latest) if latest else FAULT_SAVE_STEPS
         target = rng.choice(range(start + FAULT_SAVE_STEPS, FAULT_STEPS + 1, FAULT_SAVE_STEPS))
         delay = rng.uniform(0, 0.2)
         name = f"checkpoint-{target}"
@@ -325,8 +325,8 @@ def test_full_disk_during_a_checkpoint_save(
     assert len(errors) == 1, stderr
     assert "no space left" in errors[0].lower() and "(hint: " in errors[0], errors[0]
     saved = kept / "run"
-    latest = rundir.latest_checkpoint(saved)
+    latest = checkpoints.latest_checkpoint(saved)
     assert latest is not None and latest.name == first.name, sorted(os.listdir(saved))
-    assert rundir.checkpoint_problem(latest) is None
+    assert checkpoints.checkpoint_problem(latest) is None
     assert first.name in errors[0]
     note(f"full disk: a {size // 1024} KiB file system, exit {code}: {errors[0][20:200]}")

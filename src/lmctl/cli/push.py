@@ -77,12 +77,13 @@ def _command(**values: Any) -> None:
 def run_push(
     path: Path, cli_values: dict[str, Any], dry_run: bool, console: Console
 ) -> dict[str, Any]:
-    from lmctl import publish
     from lmctl.config.loader import build_config
+    from lmctl.publish.files import human_size
+    from lmctl.publish.push import push, target_for
 
     config = build_config(PushConfig, cli_values=cli_values)
     assert config.to is not None
-    target = publish.target_for(
+    target = target_for(
         config.to,
         flag="--to",
         console=console,
@@ -91,7 +92,7 @@ def run_push(
         revision=config.revision,
         message=config.message,
     )
-    result = publish.push(
+    result = push(
         path,
         target,
         include_checkpoints=config.include_checkpoints,
@@ -103,7 +104,7 @@ def run_push(
         _print_listing(result, console)
     else:
         shown = {"destination": result["destination"], "files": len(result["files"])}
-        shown["size"] = publish.human_size(result["bytes"])
+        shown["size"] = human_size(result["bytes"])
         if "uploaded" in result:
             shown["uploaded"] = len(result["uploaded"])
             shown["already verified"] = len(result["reused"])
@@ -114,7 +115,7 @@ def run_push(
 
 
 def _print_listing(result: dict[str, Any], console: Console) -> None:
-    from lmctl.publish import human_size
+    from lmctl.publish.files import human_size
 
     if console.options.json:
         return

@@ -142,8 +142,9 @@ def run_resume(
     dry_run: bool,
     console: Console,
 ) -> dict[str, Any]:
+    from lmctl.config.slices import LaunchSpec, take
     from lmctl.distributed import is_main_process
-    from lmctl.run import rundir
+    from lmctl.run import history
     from lmctl.run.launch import relaunch
     from lmctl.run.restarts import restarted
     from lmctl.run.resume import plan_resume, refuse_fixed_options
@@ -158,10 +159,10 @@ def run_resume(
 
             console.write(yaml.safe_dump(described, sort_keys=False))
         return {"dry_run": True, **described}
-    relaunch(plan.config, console)
+    relaunch(take(LaunchSpec, plan.config), console)
     console.info(f"resuming {location or run_dir} from {plan.checkpoint.name} (step {plan.step})")
     if is_main_process() and not restarted():  # a restart is recorded as such
-        rundir.append_metrics(
+        history.append_metrics(
             run_dir, {"event": "resume", "step": plan.step, "checkpoint": plan.checkpoint.name}
         )
     from lmctl.cli.train import headline

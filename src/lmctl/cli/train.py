@@ -182,6 +182,9 @@ def run_train(
     dry_run: bool,
     console: Console,
 ) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from lmctl.config.slices import LaunchSpec, RunDirSpec, take
     from lmctl.run.launch import relaunch
     from lmctl.run.restarts import continue_after_restart
     from lmctl.run.rundir import check_output_dir
@@ -197,10 +200,10 @@ def run_train(
 
             console.write(yaml.safe_dump(resolved, sort_keys=False))
         return {"dry_run": True, "config": resolved}
-    relaunch(config, console)
-    config = continue_after_restart(config)
+    relaunch(take(LaunchSpec, config), console)
+    config = config.model_copy(update=asdict(continue_after_restart(take(RunDirSpec, config))))
     if is_main_process():
-        check_output_dir(config)
+        check_output_dir(take(RunDirSpec, config))
     from lmctl.engine import train
 
     result = train(config, objective, console)

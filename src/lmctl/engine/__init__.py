@@ -14,13 +14,24 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmctl.config.slices import (
+    Access,
+    AdapterSpec,
+    DataSpec,
+    LoopSpec,
+    ModelSpec,
+    OptimizerSpec,
+    PublishSpec,
+    RunDirSpec,
+    take,
+)
 from lmctl.distributed import is_main_process, world_size
 from lmctl.engine.common import NonFiniteLoss, check_world_size
 from lmctl.errors import ConfigError, Interrupted, LmctlError, TrainingFailed
 from lmctl.metrics import loss_metrics
 from lmctl.mirror.fetch import sync_checkpoints
 from lmctl.mirror.upload import mirror_for
-from lmctl.run import rundir
+from lmctl.run import card, checkpoints, history, rundir
 from lmctl.run.plots import write_loss_plot
 from lmctl.run.restarts import record_restart, restarted
 from lmctl.run.resume import resume_command
@@ -32,7 +43,7 @@ if TYPE_CHECKING:
     from lmctl.console import Console
     from lmctl.mirror.upload import RunMirror
     from lmctl.objectives.base import Objective
-    from lmctl.publish import PushAfterTraining
+    from lmctl.publish.push import PushAfterTraining
 
 
 def check_processes(config: TrainConfig) -> None:
@@ -60,15 +71,20 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
     main = is_main_process()
     publication = None
     if config.push_to is not None and main:
-        from lmctl.publish import PushAfterTraining
+        from lmctl.publish.push import PushAfterTraining
 
-        publication = PushAfterTraining(config, console)
+        publication = PushAfterTraining(take(PublishSpec, config), take(Access, config), console)
         publication.check()  # a permission problem fails now, not after training
-    run_dir = rundir.local_run_dir(config)
-    if rundir.per_machine_copies(config) and config.resume_from_checkpoint == "auto":
+    run_dir = rundir.local_run_dir(take(RunDirSpec, config))
+    if (
+        rundir.per_machine_copies(take(RunDirSpec, config))
+        and config.resume_from_checkpoint == "auto"
+    ):
         assert config.output_dir is not None
         sync_checkpoints(config.output_dir, run_dir, console)
-    mirror = mirror_for(config, run_dir, console)
+    mirror = mirror_for(
+        take(RunDirSpec, config), run_dir, console, save_total_limit=config.save_total_limit
+    )
     if mirror is not None:
         mirror.check()  # a permission problem, or another run there, fails now
     with mirror.uploading() if mirror is not None else contextlib.nullcontext():
@@ -101,7 +117,7 @@ def _train(
     # Data, tokenizer and model first: a run that fails to start leaves no directory behind.
     prepared = prepare(config, objective, run_dir, console)
     if main:
-        others = rundir.prepare_output_dir(config)
+        others = rundir.prepare_output_dir(take(RunDirSpec, config))
         if others:
             console.info(
                 f"--overwrite-output-dir: removed the earlier run's files; kept {len(others)} "
@@ -109,7 +125,9 @@ def _train(
             )
         rundir.write_config(run_dir, config)
         if restarted():
-            record_restart(run_dir, rundir.resume_checkpoint(config), console)
+            record_restart(
+                run_dir, checkpoints.resume_checkpoint(take(RunDirSpec, config), run_dir), console
+            )
     console.info(f"run directory: {shown}")
     trackers_existed = (run_dir / "runs").exists()
     with graceful_stop() as stop:
@@ -118,9 +136,9 @@ def _train(
         except NonFiniteLoss as exc:
             console.stop_progress()
             if main:
-                rundir.append_metrics(run_dir, {"event": "failed", "step": exc.step})
+                history.append_metrics(run_dir, {"event": "failed", "step": exc.step})
                 write_loss_plot(run_dir, console)
-            latest = rundir.latest_checkpoint(run_dir)
+            latest = checkpoints.latest_checkpoint(run_dir)
             kept = (
                 f"the last good checkpoint is {latest}" if latest else "no checkpoint was saved yet"
             )
@@ -134,7 +152,7 @@ def _train(
             raise _disk_full(run_dir, exc) from exc
         finally:
             if main:
-                rundir.record_trackers(run_dir, trackers_existed)
+                history.record_trackers(run_dir, trackers_existed)
     if result.interrupted_at is not None:
         if main:
             write_loss_plot(run_dir, console)
@@ -161,7 +179,7 @@ def _train(
                 run_dir, prepared.tokenizer, objective.auto_model_class(), console
             )
     if result.train_metrics:
-        rundir.save_results(run_dir, "train", result.train_metrics)
+        history.save_results(run_dir, "train", result.train_metrics)
     if result.eval_metrics:
         eval_metrics = dict(result.eval_metrics)
         if "eval_loss" in eval_metrics:
@@ -170,20 +188,25 @@ def _train(
                     eval_metrics["eval_loss"], with_perplexity=objective.reports_perplexity
                 )
             )
-        rundir.save_results(run_dir, "eval", eval_metrics)
-    results = rundir.load_results(run_dir)
-    rundir.write_model_card(
+        history.save_results(run_dir, "eval", eval_metrics)
+    results = history.load_results(run_dir)
+    card.write_model_card(
         run_dir,
-        config=config,
+        card.CardFacts(
+            take(ModelSpec, config),
+            take(DataSpec, config),
+            take(AdapterSpec, config),
+            take(OptimizerSpec, config),
+            take(LoopSpec, config),
+        ),
         objective=objective,
         results=results,
-        engine=config.engine,
         resumed=result.resumed_from is not None,
     )
     write_loss_plot(run_dir, console)
     if main and config.do_train:
         # Last: a run killed before this line is resumed to write what it is missing.
-        rundir.append_metrics(run_dir, {"event": "finished", "step": result.global_step})
+        history.append_metrics(run_dir, {"event": "finished", "step": result.global_step})
     if mirror is not None:
         mirror.finish()
     outcome = {"output_dir": shown, "global_step": result.global_step, "metrics": results}
@@ -196,7 +219,7 @@ def _disk_full(run_dir: Path, exc: BaseException) -> TrainingFailed:
     """The run's file system is full: drop the half-written save (it frees the space it took)
     and name the checkpoint that is kept."""
     atomic.discard_staging(run_dir)
-    latest = rundir.latest_checkpoint(run_dir)
+    latest = checkpoints.latest_checkpoint(run_dir)
     kept = f"the last good checkpoint is {latest.name}" if latest else "no checkpoint was saved"
     step = f"continue with: {resume_command(run_dir)}" if latest else "then start the run again"
     return TrainingFailed(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed
+from lmctl.config.slices import RunDirSpec, take
 from lmctl.data.batching import LengthGroupedSampler
 from lmctl.data.stream.positions import stream_cursor
 from lmctl.data.tokens import forked_workers
@@ -42,7 +43,7 @@ from lmctl.engine.sharding import accelerate_plugins
 from lmctl.errors import ConfigError
 from lmctl.metrics import predictions_of
 from lmctl.objectives.common import SeededCollator
-from lmctl.run import rundir
+from lmctl.run import checkpoints, history, rundir
 from lmctl.run.signals import StopRequest
 from lmctl.storage import atomic
 
@@ -180,7 +181,7 @@ class AccelerateRun:
         self.accelerator = make_accelerator(config, self.run_dir)
         self.is_main = bool(self.accelerator.is_main_process)
         #: Renames each checkpoint into place (see lmctl.run.rundir.commits_checkpoints).
-        self.commits_checkpoints = rundir.commits_checkpoints(config)
+        self.commits_checkpoints = rundir.commits_checkpoints(take(RunDirSpec, config))
         self.reporter = StepReporter(console, self.run_dir, stop, is_main=self.is_main)
         if config.report_to:
             self.accelerator.init_trackers(
@@ -238,7 +239,7 @@ class AccelerateRun:
             result = self.train()
             if result.interrupted_at is None and self.stop.requested:
                 result.interrupted_at = self.state.global_step
-                result.checkpoint = rundir.latest_checkpoint(self.run_dir)
+                result.checkpoint = checkpoints.latest_checkpoint(self.run_dir)
             if result.interrupted_at is not None:
                 return result
         elif config.do_eval:
@@ -255,7 +256,7 @@ class AccelerateRun:
         if config.do_train:
             self._write_state(self.run_dir)
         elif self.is_main:
-            rundir.save_tokenizer(self.prepared.tokenizer, self.run_dir)
+            checkpoints.save_tokenizer(self.prepared.tokenizer, self.run_dir)
         result.global_step = self.state.global_step
         return result
 
@@ -653,10 +654,10 @@ class AccelerateRun:
                     self._total_loss + self._loss_since_log,
                     time.time() - self._start,
                 ).record(state)
-            rundir.write_state(state, staging)
+            history.write_state(state, staging)
         if self.commits_checkpoints:
-            rundir.commit_dir(staging, final)
-            rundir.rotate_checkpoints(self.run_dir, self.config.save_total_limit)
+            checkpoints.commit_dir(staging, final)
+            checkpoints.rotate_checkpoints(self.run_dir, self.config.save_total_limit)
         acc.wait_for_everyone()
         return final
 
@@ -665,7 +666,7 @@ class AccelerateRun:
         from transformers import TrainerState
 
         path = Path(checkpoint)
-        state_file = path / rundir.STATE_FILE
+        state_file = path / history.STATE_FILE
         saved = TrainerState.load_from_json(str(state_file)) if state_file.is_file() else None
         position = (saved.stateful_callbacks or {}).get(DATA_POSITION) if saved else None
         if saved is None or position is None:
@@ -702,9 +703,9 @@ class AccelerateRun:
         plain transformers): staged, then moved into the run directory with its manifest
         last, so that a crash never leaves a partial model that looks complete."""
         acc = self.accelerator
-        staging = rundir.model_staging(self.run_dir, owner="accelerate")
+        staging = checkpoints.model_staging(self.run_dir, owner="accelerate")
         if self.is_main:
-            rundir.begin_model(self.run_dir, owner="accelerate")
+            checkpoints.begin_model(self.run_dir, owner="accelerate")
         acc.wait_for_everyone()
         state_dict = acc.get_state_dict(self.model)
         self._unwrapped().save_pretrained(
@@ -716,9 +717,9 @@ class AccelerateRun:
         acc.wait_for_everyone()  # every process is done with the staging folder
         if self.is_main:
             self.prepared.tokenizer.save_pretrained(staging)
-            rundir.commit_model(staging, self.run_dir)
+            checkpoints.commit_model(staging, self.run_dir)
         acc.wait_for_everyone()
 
     def _write_state(self, folder: Path) -> None:
         if self.is_main:
-            rundir.write_state(self.state, folder)
+            history.write_state(self.state, folder)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from lmctl import distributed
 from lmctl.console import Console
 from lmctl.errors import ConfigError
-from lmctl.run import rundir
+from lmctl.run import checkpoints, history
 from lmctl.run.signals import StopRequest
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class RunTotals:
         if checkpoint is None:
             return cls()
         try:
-            saved = rundir.read_checkpoint_state(Path(checkpoint))
+            saved = checkpoints.read_checkpoint_state(Path(checkpoint))
             data = (saved.get("stateful_callbacks") or {})[RUN_TOTALS]
             return cls(int(data["steps"]), float(data["loss_sum"]), float(data["runtime"]))
         except (OSError, ValueError, KeyError, TypeError):
@@ -152,7 +152,7 @@ class StepReporter:
         if not self.is_main:
             return
         record = {"step": step, "epoch": epoch, **logs}
-        rundir.append_metrics(self.run_dir, record)
+        history.append_metrics(self.run_dir, record)
         for key, short in PROGRESS_KEYS.items():
             if key in logs and isinstance(logs[key], (int, float)):
                 self.stats[short] = logs[key]
@@ -217,7 +217,7 @@ def resolve_resume(config: TrainConfig, run_dir: Path, console: Console) -> str 
         check_world_size(Path(config.resume_from_checkpoint))
         return config.resume_from_checkpoint
     skipped: list[tuple[Path, str]] = []
-    latest = rundir.latest_checkpoint(run_dir, skipped)
+    latest = checkpoints.latest_checkpoint(run_dir, skipped)
     for checkpoint, problem in skipped:
         console.warn(f"skipping {checkpoint}: {problem}")
     if latest is None:
@@ -233,7 +233,7 @@ def check_world_size(checkpoint: Path) -> None:
     order, RNG streams and stream positions it holds would not carry over exactly."""
     if not checkpoint.is_dir():
         return
-    saved = rundir.checkpoint_world_size(checkpoint)
+    saved = checkpoints.checkpoint_world_size(checkpoint)
     current = distributed.world_size()
     if saved is None or saved == current:
         return

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed, secrets
+from lmctl.config.slices import RunDirSpec, take
 from lmctl.data.stream.positions import StreamCursor, stream_cursor
 from lmctl.data.tokens import forked_workers
 from lmctl.distributed import native_bf16
@@ -189,7 +190,7 @@ def _make_trainer_class() -> type:
     from transformers.trainer_callback import ExportableState
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
-    from lmctl.run import rundir
+    from lmctl.run import checkpoints, history
     from lmctl.storage import atomic
 
     class LmctlTrainer(Trainer):
@@ -279,15 +280,15 @@ def _make_trainer_class() -> type:
                     self.run_totals.then(
                         self.state.global_step, session_loss, time.time() - self._session_start
                     ).record(self.state)
-                rundir.write_state(self.state, staging)
+                history.write_state(self.state, staging)
             if self.commits_checkpoints:
-                rundir.commit_dir(staging, final)
+                checkpoints.commit_dir(staging, final)
             self.accelerator.wait_for_everyone()
             if self.args.push_to_hub:
                 self._push_from_checkpoint(str(final))
             if self.commits_checkpoints:
                 best_checkpoint = self.state.best_model_checkpoint
-                rundir.rotate_checkpoints(
+                checkpoints.rotate_checkpoints(
                     run_dir,
                     self.save_total_limit,
                     protect=[Path(best_checkpoint)] if best_checkpoint else [],
@@ -518,7 +519,7 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
     reporting.agree = lambda requested: any_process(trainer.accelerator, requested)
     trainer.eval_collator = prepared.eval_collator
     trainer.save_total_limit = config.save_total_limit
-    trainer.commits_checkpoints = rundir.commits_checkpoints(config)
+    trainer.commits_checkpoints = rundir.commits_checkpoints(take(RunDirSpec, config))
     trainer.train_lengths = prepared.train_lengths
     trainer.remove_callback(PrinterCallback)
     if config.streaming:
@@ -562,7 +563,7 @@ def _tracker_run(config: TrainConfig, run_dir: Path) -> Any:
 def _train_and_evaluate(
     trainer: Any, prepared: Prepared, args: Any, console: Console, stop: StopRequest
 ) -> EngineResult:
-    from lmctl.run import rundir
+    from lmctl.run import checkpoints
 
     config = prepared.config
     result = EngineResult()
@@ -573,7 +574,7 @@ def _train_and_evaluate(
         result.resumed_from = checkpoint
         if stop.requested:
             result.interrupted_at = trainer.state.global_step
-            result.checkpoint = rundir.latest_checkpoint(prepared.run_dir)
+            result.checkpoint = checkpoints.latest_checkpoint(prepared.run_dir)
             return result
         if checkpoint is not None and trainer.state.global_step <= _step_of(checkpoint):
             # Interrupted right at the end: nothing was left to train, so the run's training
@@ -591,7 +592,7 @@ def _train_and_evaluate(
         result.eval_metrics = trainer.evaluate()
         result.eval_metrics["eval_samples"] = trainer.eval_samples
         if not config.do_train and trainer.is_world_process_zero():
-            rundir.save_tokenizer(prepared.tokenizer, prepared.run_dir)
+            checkpoints.save_tokenizer(prepared.tokenizer, prepared.run_dir)
     result.global_step = trainer.state.global_step
     return result
 
@@ -599,26 +600,26 @@ def _train_and_evaluate(
 def _save_final_model(trainer: Any, run_dir: Path) -> None:
     """The final model, staged and moved into the run directory with its manifest last (every
     process takes part in the save, as sharded models need), then the trainer state."""
-    from lmctl.run import rundir
+    from lmctl.run import checkpoints, history
 
-    staging = rundir.model_staging(run_dir, owner="trainer")
+    staging = checkpoints.model_staging(run_dir, owner="trainer")
     if trainer.args.should_save:
-        rundir.begin_model(run_dir, owner="trainer")
+        checkpoints.begin_model(run_dir, owner="trainer")
     trainer.accelerator.wait_for_everyone()
     trainer.save_model(str(staging))
     trainer.accelerator.wait_for_everyone()
     if trainer.args.should_save:
-        rundir.commit_model(staging, run_dir)
+        checkpoints.commit_model(staging, run_dir)
     if trainer.is_world_process_zero():
-        rundir.write_state(trainer.state, run_dir)
+        history.write_state(trainer.state, run_dir)
     trainer.accelerator.wait_for_everyone()
 
 
 def _step_of(checkpoint: str) -> int:
-    from lmctl.run import rundir
+    from lmctl.run import checkpoints
 
     try:
-        return rundir.checkpoint_step(Path(checkpoint))
+        return checkpoints.checkpoint_step(Path(checkpoint))
     except ValueError:
         return -1
 

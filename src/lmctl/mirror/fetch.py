@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl.errors import ConfigError, LmctlError
-from lmctl.run import rundir
+from lmctl.run import checkpoints, history, rundir
 from lmctl.storage import atomic, locations
 
 if TYPE_CHECKING:
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 #: What ``lmctl runs URL`` reads of a run: small files only.
 _SUMMARY_FILES = (
     rundir.CONFIG_FILE,
-    rundir.METRICS_LOG,
-    rundir.STATE_FILE,
+    history.METRICS_LOG,
+    history.STATE_FILE,
     "all_results.json",
     rundir.RUN_MARKER,
 )
@@ -55,7 +55,8 @@ def newest_complete(fs: AbstractFileSystem, root: str, names: set[str]) -> int |
     steps = [
         int(match.group(1))
         for name in names
-        if (match := rundir.CHECKPOINT_PATTERN.match(name)) and is_complete(fs, f"{root}/{name}")
+        if (match := checkpoints.CHECKPOINT_PATTERN.match(name))
+        and is_complete(fs, f"{root}/{name}")
     ]
     return max(steps, default=None)
 
@@ -154,8 +155,8 @@ def _fetch_newest(
     if newest is None:
         return
     name = f"checkpoint-{newest}"
-    have = rundir.latest_checkpoint(local)
-    if have is not None and rundir.checkpoint_step(have) >= newest:
+    have = checkpoints.latest_checkpoint(local)
+    if have is not None and checkpoints.checkpoint_step(have) >= newest:
         return
     listed = _manifest(fs, f"{root}/{name}") or {}
     started = time.monotonic()
@@ -170,8 +171,8 @@ def _sync_checkpoints(
 ) -> None:
     newest = newest_complete(fs, root, names_in(fs, root))
     atomic.discard_staging(local)
-    for checkpoint in rundir.checkpoints(local):
-        if newest is None or rundir.checkpoint_step(checkpoint) > newest:
+    for checkpoint in checkpoints.checkpoints(local):
+        if newest is None or checkpoints.checkpoint_step(checkpoint) > newest:
             atomic.remove_dir(checkpoint)
     if newest is None:
         return
@@ -221,8 +222,8 @@ def fetch_summary(url: str, target: Path) -> Path:
                 _fetch_dated(fs, f"{root}/{name}", target / name)
         for name in names:
             path = f"{root}/{name}"
-            if rundir.CHECKPOINT_PATTERN.match(name) and is_complete(fs, path):
-                _fetch_dated(fs, f"{path}/{rundir.STATE_FILE}", target / name / rundir.STATE_FILE)
+            if checkpoints.CHECKPOINT_PATTERN.match(name) and is_complete(fs, path):
+                _fetch_dated(fs, f"{path}/{history.STATE_FILE}", target / name / history.STATE_FILE)
     return target
 
 

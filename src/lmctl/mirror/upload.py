@@ -4,7 +4,7 @@
 The run is written into a local copy first (``--staging-dir``, by default a folder per URL in
 the cache, see :func:`lmctl.storage.locations.run_staging_dir`), exactly as a local run. Each
 checkpoint, once committed there, is uploaded by a background thread while training goes on,
-with the rule of ``lmctl push`` (:class:`lmctl.publish.StoreTarget`): every file is uploaded
+with the rule of ``lmctl push`` (:class:`lmctl.publish.stores.StoreTarget`): every file is uploaded
 under a staging prefix and verified, moved into place, and the checkpoint's
 ``lmctl-manifest.json`` is written last. A checkpoint without that manifest is incomplete,
 and nothing reads it. The run's own files (config, metrics, marker) follow each checkpoint;
@@ -54,14 +54,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from lmctl import distributed
 from lmctl.errors import ConfigError, LmctlError, PermissionDenied, RemoteUnreachable
 from lmctl.mirror.fetch import is_complete, names_in, newest_complete
-from lmctl.publish import LocalFile, StagedFile, StoreTarget, human_size, select_files
-from lmctl.run import rundir
+from lmctl.publish.files import LocalFile, human_size, select_files
+from lmctl.publish.stores import StagedFile, StoreTarget
+from lmctl.run import checkpoints, rundir
 from lmctl.storage import locations
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-    from lmctl.config.base import TrainConfig
+    from lmctl.config.slices import RunDirSpec
     from lmctl.console import Console
 
 #: Attempts of one upload before the run stops, and the first wait between two (doubling).
@@ -91,24 +92,22 @@ def _attempts() -> tuple[int, float]:
     return attempts, backoff
 
 
-def _child(location: locations.Location, rel: str) -> locations.Location:
-    return locations.Location(f"{location.url}/{rel}", location.protocol, f"{location.path}/{rel}")
-
-
 class RunMirror:
     """A run's local copy, uploaded to its remote run directory as it is written."""
 
-    def __init__(self, config: TrainConfig, run_dir: Path, console: Console) -> None:
-        assert config.output_dir is not None
-        self.url = config.output_dir.rstrip("/")
+    def __init__(
+        self, spec: RunDirSpec, run_dir: Path, console: Console, *, save_total_limit: int | None
+    ) -> None:
+        assert spec.output_dir is not None
+        self.url = spec.output_dir.rstrip("/")
         self.location = locations.parse_location(self.url, "--output-dir", destination=False)
         self.local = run_dir
         self.console = console
-        self.limit = config.save_total_limit
-        self.resuming = config.resume_from_checkpoint is not None
+        self.limit = save_total_limit
+        self.resuming = spec.resume_from_checkpoint is not None
         #: The command that continues the run from this machine's copy.
         self.resume = f"lmctl resume {self.url}" + (
-            f" --staging-dir {run_dir}" if config.staging_dir is not None else ""
+            f" --staging-dir {run_dir}" if spec.staging_dir is not None else ""
         )
         self.failed: LmctlError | None = None
         #: Machines whose parts make up each checkpoint.
@@ -135,7 +134,7 @@ class RunMirror:
         except Exception as exc:
             raise locations.failure(exc, self.url) from exc
         if found & {rundir.CONFIG_FILE, locations.MANIFEST} or any(
-            rundir.CHECKPOINT_PATTERN.match(name) for name in found
+            checkpoints.CHECKPOINT_PATTERN.match(name) for name in found
         ):
             raise ConfigError(
                 f"--output-dir {self.url} already holds a run; nothing was touched",
@@ -149,7 +148,7 @@ class RunMirror:
         newest = newest_complete(fs, root, names)
         for name in names:
             match = _STAGED_CHECKPOINT.match(name)
-            if match and (newest is None or rundir.checkpoint_step(Path(match[1])) > newest):
+            if match and (newest is None or checkpoints.checkpoint_step(Path(match[1])) > newest):
                 fs.rm(f"{root}/{name}", recursive=True)
 
     # While it runs ----------------------------------------------------------------------
@@ -159,7 +158,7 @@ class RunMirror:
         """Upload each checkpoint committed inside the block; on the way out (an interrupted
         or failed run too) wait for the upload under way and send the run's files."""
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="lmctl-upload")
-        rundir.checkpoint_listeners.append(self.checkpoint_saved)
+        checkpoints.checkpoint_listeners.append(self.checkpoint_saved)
         self.console.info(
             f"run directory {self.url}: written to {self.local} first; each checkpoint is "
             "uploaded when complete (--staging-dir chooses the local folder)"
@@ -172,7 +171,7 @@ class RunMirror:
                 self._flush_quietly()
             raise
         finally:
-            rundir.checkpoint_listeners.remove(self.checkpoint_saved)
+            checkpoints.checkpoint_listeners.remove(self.checkpoint_saved)
             self._executor.shutdown(wait=True)
 
     def checkpoint_saved(self, checkpoint: Path) -> None:
@@ -267,7 +266,10 @@ class RunMirror:
         return self._target(rel).publish(files, parts)
 
     def _target(self, rel: str) -> StoreTarget:
-        location = _child(self.location, rel) if rel else self.location
+        url, protocol, path = self.location.url, self.location.protocol, self.location.path
+        location = (
+            locations.Location(f"{url}/{rel}", protocol, f"{path}/{rel}") if rel else self.location
+        )
         return StoreTarget(location, self.console, verbose=False, access_checked=True)
 
     def _parts_prefix(self, name: str) -> tuple[AbstractFileSystem, str]:
@@ -360,7 +362,7 @@ class RunMirror:
         steps = {
             int(match.group(1)): f"{root}/{name}"
             for name in names_in(fs, root)
-            if (match := rundir.CHECKPOINT_PATTERN.match(name))
+            if (match := checkpoints.CHECKPOINT_PATTERN.match(name))
         }
         complete = sorted(s for s, path in steps.items() if is_complete(fs, path))
         if not complete:
@@ -433,14 +435,16 @@ class MachinePart(RunMirror):
             raise
 
 
-def mirror_for(config: TrainConfig, run_dir: Path, console: Console) -> RunMirror | None:
+def mirror_for(
+    spec: RunDirSpec, run_dir: Path, console: Console, *, save_total_limit: int | None
+) -> RunMirror | None:
     """The mirror of a run whose --output-dir is a storage URL, in the process that uploads:
     the main process, and the first process of every other machine (its part of each
     checkpoint). None for a local run directory and in the other processes."""
-    if not rundir.is_remote_run(config):
+    if not rundir.is_remote_run(spec):
         return None
     if distributed.is_main_process():
-        return RunMirror(config, run_dir, console)
-    if rundir.commits_checkpoints(config):
-        return MachinePart(config, run_dir, console)
+        return RunMirror(spec, run_dir, console, save_total_limit=save_total_limit)
+    if rundir.commits_checkpoints(spec):
+        return MachinePart(spec, run_dir, console, save_total_limit=save_total_limit)
     return None

@@ -27,23 +27,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from lmctl.config.fields import flag_name
+from lmctl.config.slices import LaunchSpec, field_names
 from lmctl.distributed import is_main_process, launched
 from lmctl.errors import ConfigError, Delegated
 
 if TYPE_CHECKING:
-    from lmctl.config.base import TrainConfig
     from lmctl.console import Console
 
 #: Options that say how to launch; the launched processes get the command without them.
-LAUNCH_FIELDS = (
-    "nproc",
-    "nnodes",
-    "node_rank",
-    "master_addr",
-    "master_port",
-    "launcher",
-    "max_restarts",
-)
+LAUNCH_FIELDS = field_names(LaunchSpec)
 #: Where the launched main process writes its exit code for the process that launched it.
 EXIT_FILE_ENV = "LMCTL_EXIT_FILE"
 #: The port of the first machine when --nnodes is above 1 and --master-port is not given.
@@ -55,57 +47,57 @@ DEFAULT_PORT = 29500
 ELASTIC_ENVIRONMENT = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
-def launcher_command(config: TrainConfig, arguments: list[str]) -> list[str]:
-    """The launcher command that runs ``lmctl ARGUMENTS`` on ``config.nproc`` processes per
+def launcher_command(spec: LaunchSpec, arguments: list[str]) -> list[str]:
+    """The launcher command that runs ``lmctl ARGUMENTS`` on ``--nproc`` processes per
     machine (``arguments`` is lmctl's own command line, without the program name)."""
-    assert config.nproc is not None
+    assert spec.nproc is not None
     python = sys.executable
-    port = config.master_port
+    port = spec.master_port
     # Machines that restart together meet through the elastic rendezvous, not a fixed one.
-    elastic = config.max_restarts > 0 and config.nnodes > 1
-    if config.launcher == "accelerate":
+    elastic = spec.max_restarts > 0 and spec.nnodes > 1
+    if spec.launcher == "accelerate":
         command = [python, "-m", "accelerate.commands.launch"]
-        command += ["--num_processes", str(config.nproc * config.nnodes)]
-        command += ["--num_machines", str(config.nnodes), "--machine_rank", str(config.node_rank)]
-        if config.nproc * config.nnodes > 1:
+        command += ["--num_processes", str(spec.nproc * spec.nnodes)]
+        command += ["--num_machines", str(spec.nnodes), "--machine_rank", str(spec.node_rank)]
+        if spec.nproc * spec.nnodes > 1:
             command.append("--multi_gpu")
-        if config.master_addr is not None:
-            command += ["--main_process_ip", config.master_addr]
-        if port is not None or config.nnodes > 1:
+        if spec.master_addr is not None:
+            command += ["--main_process_ip", spec.master_addr]
+        if port is not None or spec.nnodes > 1:
             command += ["--main_process_port", str(port or DEFAULT_PORT)]
-        if config.max_restarts:
-            command += ["--max_restarts", str(config.max_restarts)]
+        if spec.max_restarts:
+            command += ["--max_restarts", str(spec.max_restarts)]
         if elastic:
-            command += ["--rdzv_backend", "c10d", "--rdzv_conf", _rendezvous_host(config)]
+            command += ["--rdzv_backend", "c10d", "--rdzv_conf", _rendezvous_host(spec)]
     else:
-        command = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(config.nproc)]
-        if config.nnodes == 1 and port is None:
+        command = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(spec.nproc)]
+        if spec.nnodes == 1 and port is None:
             command.append("--standalone")  # a free port on this machine
         elif elastic:
-            endpoint = f"{config.master_addr}:{port or DEFAULT_PORT}"
-            command += ["--nnodes", str(config.nnodes)]
+            endpoint = f"{spec.master_addr}:{port or DEFAULT_PORT}"
+            command += ["--nnodes", str(spec.nnodes)]
             command += ["--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint]
-            command += ["--rdzv_conf", _rendezvous_host(config)]
+            command += ["--rdzv_conf", _rendezvous_host(spec)]
         else:
-            command += ["--nnodes", str(config.nnodes), "--node_rank", str(config.node_rank)]
-            command += ["--master_addr", config.master_addr or "127.0.0.1"]
+            command += ["--nnodes", str(spec.nnodes), "--node_rank", str(spec.node_rank)]
+            command += ["--master_addr", spec.master_addr or "127.0.0.1"]
             command += ["--master_port", str(port or DEFAULT_PORT)]
-        if config.max_restarts:
-            command += ["--max_restarts", str(config.max_restarts)]
+        if spec.max_restarts:
+            command += ["--max_restarts", str(spec.max_restarts)]
     return [*command, "-m", "lmctl", *without_launch_options(arguments)]
 
 
-def _rendezvous_host(config: TrainConfig) -> str:
+def _rendezvous_host(spec: LaunchSpec) -> str:
     """The machine of --node-rank 0 (at --master-addr) hosts the elastic rendezvous; torch
     would otherwise let any machine whose address matches try, several on one host too."""
-    return f"is_host={int(config.node_rank == 0)}"
+    return f"is_host={int(spec.node_rank == 0)}"
 
 
-def launcher_environment(config: TrainConfig) -> dict[str, str]:
+def launcher_environment(spec: LaunchSpec) -> dict[str, str]:
     """The environment the launcher command needs besides its options."""
-    if not config.max_restarts:
+    if not spec.max_restarts:
         return {}
-    if config.launcher == "accelerate" and config.nnodes == 1:
+    if spec.launcher == "accelerate" and spec.nnodes == 1:
         # torchrun's --standalone (the elastic rendezvous on a free port of this machine),
         # which accelerate launch takes only from torchrun's environment variable.
         return {**ELASTIC_ENVIRONMENT, "PET_STANDALONE": "1"}
@@ -127,14 +119,14 @@ def without_launch_options(arguments: list[str]) -> list[str]:
     return kept
 
 
-def relaunch(config: TrainConfig, console: Console) -> None:
+def relaunch(spec: LaunchSpec, console: Console) -> None:
     """With ``--nproc``, outside a launcher: show the launcher command, run it, and pass on
     the exit code of the run's main process (a launcher exits 1 whenever a process fails,
     whatever for) by raising :class:`Delegated`."""
-    if config.nproc is None or launched():
+    if spec.nproc is None or launched():
         return
-    command = launcher_command(config, sys.argv[1:])
-    environment = launcher_environment(config)
+    command = launcher_command(spec, sys.argv[1:])
+    environment = launcher_environment(spec)
     shown = [f"{name}={value}" for name, value in environment.items()]
     console.info("running: " + shlex.join([*shown, *command]))
     sys.stdout.flush()
@@ -152,7 +144,7 @@ def relaunch(config: TrainConfig, console: Console) -> None:
             )
         except OSError as exc:
             raise ConfigError(
-                f"--nproc {config.nproc}: cannot start the launcher ({exc})",
+                f"--nproc {spec.nproc}: cannot start the launcher ({exc})",
                 "run the command above yourself",
             ) from exc
         # SIGTERM to this process goes on to the launcher, which passes it to every process;

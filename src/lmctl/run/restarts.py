@@ -25,17 +25,18 @@ import socket
 import sys
 import time
 from contextlib import suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl.distributed import rank, restart_count, restartable
-from lmctl.run import rundir
+from lmctl.run import checkpoints, history, rundir
 from lmctl.run.summary import read_records
 from lmctl.storage.atomic import atomic_write
 from lmctl.storage.locations import cache_root
 
 if TYPE_CHECKING:
-    from lmctl.config.base import TrainConfig
+    from lmctl.config.slices import RunDirSpec
     from lmctl.console import Console
 
 
@@ -158,20 +159,21 @@ def _forget_ended() -> None:
             file.unlink(missing_ok=True)
 
 
-def continue_after_restart(config: TrainConfig) -> TrainConfig:
-    """The config a restarted process runs: from the newest complete checkpoint of the run
-    (a checkpoint given to the first attempt only until the run has one of its own)."""
-    if not restarted() or config.resume_from_checkpoint == "auto":
-        return config
-    given = config.resume_from_checkpoint
-    if given is not None and rundir.latest_checkpoint(rundir.local_run_dir(config)) is None:
-        return config
-    return config.model_copy(update={"resume_from_checkpoint": "auto"})
+def continue_after_restart(spec: RunDirSpec) -> RunDirSpec:
+    """The run directory's options for a restarted process: from the newest complete
+    checkpoint of the run (a checkpoint given to the first attempt only until the run has
+    one of its own)."""
+    if not restarted() or spec.resume_from_checkpoint == "auto":
+        return spec
+    given = spec.resume_from_checkpoint
+    if given is not None and checkpoints.latest_checkpoint(rundir.local_run_dir(spec)) is None:
+        return spec
+    return replace(spec, resume_from_checkpoint="auto")
 
 
 def record_restart(run_dir: Path, checkpoint: Path | None, console: Console) -> None:
     """In the main process of a restarted run: the restart in the log and ``metrics.jsonl``."""
-    step = rundir.checkpoint_step(checkpoint) if checkpoint is not None else 0
+    step = checkpoints.checkpoint_step(checkpoint) if checkpoint is not None else 0
     cause = previous_cause()
     _forget_ended()
     where = f"{checkpoint.name} (step {step})" if checkpoint is not None else "step 0"
@@ -180,7 +182,7 @@ def record_restart(run_dir: Path, checkpoint: Path | None, console: Console) -> 
     record: dict[str, Any] = {"event": "restart", "restart": number, "step": step}
     if checkpoint is not None:
         record["checkpoint"] = checkpoint.name
-    rundir.append_metrics(run_dir, {**record, "cause": cause})
+    history.append_metrics(run_dir, {**record, "cause": cause})
 
 
 def _restarts_recorded(run_dir: Path) -> int:

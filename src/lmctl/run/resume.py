@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl.config.fields import flag_name
+from lmctl.config.slices import LaunchSpec, LoopSpec, field_names, take
 from lmctl.errors import ConfigError
 from lmctl.objectives import OBJECTIVES, get_objective
-from lmctl.run import rundir
-from lmctl.run.launch import LAUNCH_FIELDS
+from lmctl.run import checkpoints, history, rundir
 from lmctl.storage import atomic
 from lmctl.storage.paths import is_remote, local_path, url_scheme
 
@@ -43,7 +43,7 @@ RESUME_OVERRIDES = (
     "report_to",
     # Where and how the processes run (each machine of a multi-node run resumes with its own
     # rank); a checkpoint refuses to continue on another number of processes.
-    *LAUNCH_FIELDS,
+    *field_names(LaunchSpec),
     # Where a remote run directory's local copy is (it holds what was not uploaded yet).
     "staging_dir",
 )
@@ -114,7 +114,10 @@ def check_run_dir(run_dir: Path) -> None:
     if (run_dir / rundir.CONFIG_FILE).is_file():
         return
     parent = run_dir.resolve().parent
-    if rundir.CHECKPOINT_PATTERN.match(run_dir.name) and (parent / rundir.CONFIG_FILE).is_file():
+    if (
+        checkpoints.CHECKPOINT_PATTERN.match(run_dir.name)
+        and (parent / rundir.CONFIG_FILE).is_file()
+    ):
         raise ConfigError(
             f"{run_dir} is a checkpoint, not a run directory",
             f"resume its run: {resume_command(parent)} (the newest complete checkpoint is used)",
@@ -129,13 +132,11 @@ def find_checkpoint(run_dir: Path, console: Console) -> Path:
     """The newest complete checkpoint; leftovers of killed saves are removed with a warning."""
     for leftover in atomic.discard_staging(run_dir):
         console.warn(f"removed {leftover.name}: a save that did not finish")
-    skipped: list[tuple[Path, str]] = []
-    checkpoint = rundir.latest_checkpoint(run_dir, skipped)
-    for path, problem in skipped:
-        console.warn(f"skipping {path.name}: incomplete or corrupted ({problem})")
+    checkpoint = checkpoints.newest_checkpoint(run_dir, console)
     if checkpoint is None:
         objective = _saved_objective(run_dir) or "<objective>"
-        found = "" if not skipped else f" ({len(skipped)} unusable, see the warnings)"
+        unusable = len(checkpoints.checkpoints(run_dir))
+        found = f" ({unusable} unusable, see the warnings)" if unusable else ""
         raise ConfigError(
             f"{run_dir} has no complete checkpoint to resume from{found}",
             "the run stopped before its first checkpoint (--save-steps); start it again with "
@@ -191,14 +192,14 @@ def plan_resume(
         config_file=str(config_file),
         objective=name,
     )
-    step = rundir.checkpoint_step(checkpoint)
-    state = rundir.read_checkpoint_state(checkpoint)
-    _check_there_is_more_to_do(config, overrides, state, step, run_dir)
+    step = checkpoints.checkpoint_step(checkpoint)
+    state = checkpoints.read_checkpoint_state(checkpoint)
+    _check_there_is_more_to_do(take(LoopSpec, config), overrides, state, step, run_dir)
     return ResumePlan(run_dir, objective, config, checkpoint, step)
 
 
 def _check_there_is_more_to_do(
-    config: TrainConfig,
+    loop: LoopSpec,
     overrides: dict[str, Any],
     state: dict[str, Any],
     step: int,
@@ -206,29 +207,28 @@ def _check_there_is_more_to_do(
 ) -> None:
     """Refuse a resume that would train no step: a finished run without a longer target."""
     extend = f"extend it with --max-steps N (more than {step})"
-    if config.max_steps is None:
+    if loop.max_steps is None:
         extend += " or --num-train-epochs N"
-    if "max_steps" in overrides and config.max_steps is not None and config.max_steps <= step:
+    if "max_steps" in overrides and loop.max_steps is not None and loop.max_steps <= step:
         raise ConfigError(
-            f"--max-steps {config.max_steps}: the run is already at step {step}",
+            f"--max-steps {loop.max_steps}: the run is already at step {step}",
             f"give more than {step} steps",
         )
-    if "num_train_epochs" in overrides and config.max_steps is not None:
+    if "num_train_epochs" in overrides and loop.max_steps is not None:
         raise ConfigError(
-            f"--num-train-epochs has no effect: the run is bounded by --max-steps "
-            f"{config.max_steps}",
+            f"--num-train-epochs has no effect: the run is bounded by --max-steps {loop.max_steps}",
             f"extend it with --max-steps N (more than {step})",
         )
     planned = state.get("max_steps")
-    if not isinstance(planned, int) or step < planned or rundir.finished_step(run_dir) != step:
+    if not isinstance(planned, int) or step < planned or history.finished_step(run_dir) != step:
         return
     if "max_steps" in overrides:
         return
     if "num_train_epochs" in overrides:
         before = state.get("num_train_epochs")
-        if isinstance(before, (int, float)) and config.num_train_epochs <= before:
+        if isinstance(before, (int, float)) and loop.num_train_epochs <= before:
             raise ConfigError(
-                f"--num-train-epochs {config.num_train_epochs:g}: the run already finished "
+                f"--num-train-epochs {loop.num_train_epochs:g}: the run already finished "
                 f"{before:g} epochs",
                 f"give more than {before:g} epochs",
             )

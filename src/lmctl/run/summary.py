@@ -18,7 +18,8 @@ from lmctl.console import format_number, sparkline
 from lmctl.errors import LmctlError
 from lmctl.metrics import perplexity
 from lmctl.objectives import OBJECTIVES, get_objective
-from lmctl.run import rundir
+from lmctl.run import checkpoints, rundir
+from lmctl.run.history import METRICS_LOG, STATE_FILE, load_results
 from lmctl.run.resume import resume_command
 
 Point = tuple[int, float]
@@ -40,7 +41,7 @@ class Curves:
 
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / rundir.METRICS_LOG
+    path = run_dir / METRICS_LOG
     records: list[dict[str, Any]] = []
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -143,12 +144,12 @@ def summarize(run_dir: Path, now: float | None = None) -> RunSummary:
     except LmctlError:
         config = {}
     objective = config.get("objective") if config.get("objective") in OBJECTIVES else None
-    state = _read_json(run_dir / rundir.STATE_FILE)
-    checkpoint = rundir.latest_checkpoint(run_dir)
-    checkpoint_step = rundir.checkpoint_step(checkpoint) if checkpoint else None
+    state = _read_json(run_dir / STATE_FILE)
+    checkpoint = checkpoints.latest_checkpoint(run_dir)
+    checkpoint_step = checkpoints.checkpoint_step(checkpoint) if checkpoint else None
     records = read_records(run_dir)
     failed = next((r for r in reversed(records) if r.get("event") in ("failed", *CONTINUED)), None)
-    results = rundir.load_results(run_dir)
+    results = load_results(run_dir)
     finished_step = state.get("global_step")
     step: int | None
     if (
@@ -160,7 +161,7 @@ def summarize(run_dir: Path, now: float | None = None) -> RunSummary:
     elif failed is not None and failed.get("event") == "failed":
         status, step, max_steps = f"failed at step {failed.get('step')}", failed.get("step"), None
     elif checkpoint is not None:
-        saved = _read_json(checkpoint / rundir.STATE_FILE)
+        saved = _read_json(checkpoint / STATE_FILE)
         status, step = f"interrupted at step {checkpoint_step}", checkpoint_step
         max_steps = saved.get("max_steps")
     else:
@@ -180,7 +181,7 @@ def summarize(run_dir: Path, now: float | None = None) -> RunSummary:
         ppl = perplexity(final)
     times = [
         path.stat().st_mtime
-        for path in (run_dir / rundir.METRICS_LOG, run_dir / rundir.CONFIG_FILE)
+        for path in (run_dir / METRICS_LOG, run_dir / rundir.CONFIG_FILE)
         if path.exists()
     ]
     age = (now if now is not None else time.time()) - max(times, default=0.0)
