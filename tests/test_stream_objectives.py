@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from lmctl.config.loader import build_config
+from lmctl.config.slices import DataSpec, LoopSpec, take
 from lmctl.console import Console, OutputOptions
 from lmctl.data import stream
 from lmctl.engine import ENGINES
@@ -50,7 +51,15 @@ def _streams(objective: str, train_file: Path, tokenizer: Any, **values: Any) ->
         config, need_train=True, need_eval=False, text_options={}, records=obj.streams_records
     )
     console = Console(OutputOptions(quiet=True))
-    return obj.preprocess(config, sources, tokenizer, _NoPositions(), console)["train"]
+    return obj.preprocess(
+        take(obj.options_class, config),
+        sources,
+        tokenizer,
+        _NoPositions(),
+        console,
+        data=take(DataSpec, config),
+        loop=take(LoopSpec, config),
+    )["train"]
 
 
 class _NoPositions:

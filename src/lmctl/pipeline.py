@@ -14,21 +14,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl.allocator import keep_freed_blocks
+from lmctl.config.slices import Access, DataSpec, LoopSpec, ModelSpec, take
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.data.prepared import cache_root
+from lmctl.distributed import native_bf16
 from lmctl.models.activations import fuse_tanh_gelu
 from lmctl.models.build import (
     build_model,
     build_model_config,
     leave_out_segment_ids,
     load_tokenizer,
+    tokenizer_source,
 )
 from lmctl.models.dropout import train_with_fast_dropout
 from lmctl.models.embedding import sparse_tied_embedding_gradient
 from lmctl.models.fastpaths import FastPaths
 from lmctl.models.padding import skip_padding
 from lmctl.models.plugins import load_plugins
-from lmctl.objectives.common import split_source
 from lmctl.run.rundir import resume_checkpoint
 
 if TYPE_CHECKING:
@@ -84,8 +86,8 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
     has_model = has_model_source(config)
     model_config = build_model_config(config, console) if has_model else PretrainedConfig()
     if has_model:
-        objective.check_architecture(config, model_config)
-        objective.adapt_model_config(config, model_config, console)
+        objective.check_architecture(take(ModelSpec, config), take(Access, config), model_config)
+        objective.adapt_model_config(model_config, console)
     started = time.monotonic()
     raw: Any
     if config.streaming:
@@ -100,20 +102,25 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
             config,
             need_train=config.do_train or config.train_tokenizer is not None,
             need_eval=config.do_eval,
-            text_options=objective.text_options(config),
+            text_options=objective.text_options(take(objective.options_class, config)),
             records=objective.streams_records,
         )
     else:
         raw = load_raw(
             config,
             need_eval=config.do_eval,
-            text_options=objective.text_options(config),
-            check_records=partial(objective.check_records, config),
+            text_options=objective.text_options(take(objective.options_class, config)),
+            check_records=partial(objective.check_records, take(objective.options_class, config)),
         )
     data_seconds = time.monotonic() - started
 
     def training_texts() -> Any:
-        return objective.training_texts(config, raw["train"], split_source(config, "train"))
+        return objective.training_texts(
+            take(objective.options_class, config),
+            take(DataSpec, config),
+            raw["train"],
+            take(DataSpec, config).source("train"),
+        )
 
     tokenizer = load_tokenizer(
         config,
@@ -128,11 +135,24 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
     if not objective.segment_ids:
         leave_out_segment_ids(tokenizer, console)
     if has_model:
-        objective.check_model(config, model_config, tokenizer)
+        objective.check_model(
+            take(objective.options_class, config),
+            model_config,
+            tokenizer,
+            tokenizer_source(config),
+        )
     if not config.do_train:
         raw.pop("train", None)
     started = time.monotonic()
-    processed = objective.preprocess(config, raw, tokenizer, model_config, console)
+    processed = objective.preprocess(
+        take(objective.options_class, config),
+        raw,
+        tokenizer,
+        model_config,
+        console,
+        data=take(DataSpec, config),
+        loop=take(LoopSpec, config),
+    )
     if not config.streaming:  # a stream applies its limits as it is read
         processed = limit_samples(config, processed, console)
     data_seconds += time.monotonic() - started
@@ -154,7 +174,7 @@ def install_fast_paths(
     paths.apply("fused-gelu", lambda: fuse_tanh_gelu(model), "the model has no tanh GELU in Python")
     if not config.do_train:
         return
-    objective.prepare_for_training(config, model, paths)
+    objective.prepare_for_training(take(objective.options_class, config), model, paths)
     paths.apply(
         "skip-padding",
         lambda: skip_padding(model),
@@ -197,7 +217,11 @@ def prepare(
     console.info(paths.summary())
     lengths = None
     train = prepared.train_dataset
-    if train is not None and not config.streaming and objective.groups_by_length(config):
+    if (
+        train is not None
+        and not config.streaming
+        and objective.groups_by_length(config.group_by_length)
+    ):
         from lmctl.data.batching import sample_lengths
 
         lengths = sample_lengths(train)
@@ -211,6 +235,15 @@ def prepare(
         tokenizer=prepared.tokenizer,
         train_dataset=prepared.train_dataset,
         eval_dataset=prepared.eval_dataset,
-        collator=objective.collator(config, prepared.tokenizer),
-        eval_collator=objective.eval_collator(config, prepared.tokenizer),
+        collator=objective.collator(
+            take(objective.options_class, config),
+            prepared.tokenizer,
+            8 if config.mixed_precision(native_bf16) else None,
+        ),
+        eval_collator=objective.eval_collator(
+            take(objective.options_class, config),
+            prepared.tokenizer,
+            8 if config.mixed_precision(native_bf16) else None,
+            config.seed,
+        ),
     )
