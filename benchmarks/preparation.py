@@ -46,6 +46,7 @@ def preprocessing(work: Work, reps: int, megabytes: float) -> list[Figure]:
 
     from benchmarks.upstream import group_recipe, line_recipe
     from lmctl.config.loader import build_config
+    from lmctl.config.slices import DataSpec, LoopSpec, take
     from lmctl.console import Console, OutputOptions
     from lmctl.objectives.clm import ClmConfig
     from lmctl.objectives.common import tokenize_and_group, tokenize_lines
@@ -77,18 +78,26 @@ def preprocessing(work: Work, reps: int, megabytes: float) -> list[Figure]:
             if kind == "clm":
                 config = build_config(ClmConfig, cli_values={**values, "model_type": "gpt2"})
                 out = tokenize_and_group(
-                    config, datasets.DatasetDict({"train": raw}), tokenizer, 128, console
+                    datasets.DatasetDict({"train": raw}),
+                    tokenizer,
+                    128,
+                    console,
+                    data=take(DataSpec, config),
+                    loop=take(LoopSpec, config),
+                    text_options={"keep_linebreaks": config.keep_linebreaks},
                 )
             else:
                 config = build_config(
                     MlmConfig, cli_values={**values, "model_type": "bert", "line_by_line": True}
                 )
                 out = tokenize_lines(
-                    config,
                     datasets.DatasetDict({"train": raw}),
                     tokenizer,
                     128,
                     console,
+                    data=take(DataSpec, config),
+                    loop=take(LoopSpec, config),
+                    text_options={},
                     special_tokens_mask=True,
                 )
         elapsed = time.perf_counter() - started

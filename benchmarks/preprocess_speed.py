@@ -64,6 +64,7 @@ def lmctl_pipeline(
     import datasets
 
     from lmctl.config.loader import build_config
+    from lmctl.config.slices import DataSpec, LoopSpec, take
     from lmctl.console import Console, OutputOptions
     from lmctl.objectives.clm import ClmConfig
     from lmctl.objectives.common import tokenize_and_group
@@ -82,11 +83,13 @@ def lmctl_pipeline(
     )
     with contextlib.redirect_stderr(io.StringIO()):
         splits = tokenize_and_group(
-            config,
             datasets.DatasetDict({"train": raw}),
             tokenizer,
             block_size,
             Console(OutputOptions(quiet=True)),
+            data=take(DataSpec, config),
+            loop=take(LoopSpec, config),
+            text_options={"keep_linebreaks": config.keep_linebreaks},
         )
     return splits["train"]
 

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from lmctl.config.loader import build_config
+from lmctl.config.slices import DataSpec, LoopSpec, take
 from lmctl.console import Console, OutputOptions
-from lmctl.objectives.mlm import OBJECTIVE, MlmConfig
+from lmctl.distributed import native_bf16
+from lmctl.objectives.mlm import OBJECTIVE, MlmConfig, MlmOptions
 from tests.conftest import TINY_BERT, corpus_lines, lmctl, minilm_path
 
 
@@ -50,7 +52,14 @@ def test_line_by_line_skips_blank_lines_and_truncates(
     train = tmp_path / "t.txt"
     train.write_text("x\n")
     out = tokenize_lines(
-        _config(train), raw, _tokenizer(wordpiece_tokenizer), 24, QUIET, special_tokens_mask=True
+        raw,
+        _tokenizer(wordpiece_tokenizer),
+        24,
+        QUIET,
+        data=take(DataSpec, _config(train)),
+        loop=take(LoopSpec, _config(train)),
+        text_options={},
+        special_tokens_mask=True,
     )["train"]
     assert len(out) == 3  # three blank lines skipped
     lengths = [len(ids) for ids in out["input_ids"]]
@@ -88,7 +97,11 @@ def test_dynamic_padding_multiple_of_8_under_mixed_precision(
     train = tmp_path / "t.txt"
     train.write_text("x\n")
     tokenizer = _tokenizer(wordpiece_tokenizer)
-    collator = OBJECTIVE.collator(_config(train, **values), tokenizer)
+    collator = OBJECTIVE.collator(
+        take(MlmOptions, _config(train, **values)),
+        tokenizer,
+        8 if _config(train, **values).mixed_precision(native_bf16) else None,
+    )
     features = _features(tokenizer, ["a short line", "a somewhat longer line of words here"])
     longest = max(len(f["input_ids"]) for f in features)
     assert longest % 8
@@ -105,7 +118,9 @@ def test_masks_never_hit_special_or_padding_tokens(
     train = tmp_path / "t.txt"
     train.write_text("x\n")
     tokenizer = _tokenizer(wordpiece_tokenizer)
-    collator = OBJECTIVE.collator(_config(train, line_by_line=True, mlm_probability=0.9), tokenizer)
+    collator = OBJECTIVE.collator(
+        take(MlmOptions, _config(train, line_by_line=True, mlm_probability=0.9)), tokenizer, None
+    )
     features = _features(tokenizer, ["the king is dead", "long live the king of all england"])
     batch = collator(features)
     special = set(tokenizer.all_special_ids)
@@ -129,7 +144,9 @@ def test_unknown_tokens_are_never_drawn_and_the_draws_are_upstreams(
     features = _features(tokenizer, texts)
     unknown = tokenizer.unk_token_id
     assert sum(ids.count(unknown) for ids in (f["input_ids"] for f in features)) >= 5
-    collator = OBJECTIVE.collator(_config(train, line_by_line=True, mlm_probability=0.9), tokenizer)
+    collator = OBJECTIVE.collator(
+        take(MlmOptions, _config(train, line_by_line=True, mlm_probability=0.9)), tokenizer, None
+    )
     upstream = DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm_probability=0.9)
     for seed in range(5):
         torch.manual_seed(seed)
@@ -150,7 +167,7 @@ def test_a_batch_with_no_drawn_mask_gets_one_masked_token(
     train.write_text("x\n")
     tokenizer = _tokenizer(wordpiece_tokenizer)
     config = _config(train, line_by_line=True, mlm_probability=1e-9)
-    collator = OBJECTIVE.collator(config, tokenizer)
+    collator = OBJECTIVE.collator(take(MlmOptions, config), tokenizer, None)
     features = _features(tokenizer, ["the king", "long live the king"])
     original = [list(f["input_ids"]) for f in features]
     for _ in range(5):
@@ -178,7 +195,11 @@ def test_whole_word_mask_masks_every_piece_of_a_word(
         tokenizer.convert_ids_to_tokens(f["input_ids"])[2].startswith("##") for f in features
     ), "the test needs words split into several pieces"
     collator = OBJECTIVE.collator(
-        _config(train, line_by_line=True, whole_word_mask=True, mlm_probability=0.5), tokenizer
+        take(
+            MlmOptions, _config(train, line_by_line=True, whole_word_mask=True, mlm_probability=0.5)
+        ),
+        tokenizer,
+        None,
     )
     batch = collator(features)
     for row, feature in enumerate(features):
@@ -203,16 +224,20 @@ def test_eval_masks_are_deterministic_and_training_masks_are_not(
     tokenizer = _tokenizer(wordpiece_tokenizer)
     config = _config(train, line_by_line=True)
     features = _features(tokenizer, corpus_lines()[10:26])
-    evaluate_1 = OBJECTIVE.eval_collator(config, tokenizer)(features)
+    evaluate_1 = OBJECTIVE.eval_collator(take(MlmOptions, config), tokenizer, None, config.seed)(
+        features
+    )
     torch.rand(100)  # other use of the global generator in between
-    evaluate_2 = OBJECTIVE.eval_collator(config, tokenizer)(features)
-    again = OBJECTIVE.eval_collator(config, tokenizer)
+    evaluate_2 = OBJECTIVE.eval_collator(take(MlmOptions, config), tokenizer, None, config.seed)(
+        features
+    )
+    again = OBJECTIVE.eval_collator(take(MlmOptions, config), tokenizer, None, config.seed)
     again(features[:4])
     evaluate_3 = again(features)
     for key in ("input_ids", "labels"):
         assert torch.equal(evaluate_1[key], evaluate_2[key])
         assert torch.equal(evaluate_1[key], evaluate_3[key])
-    training = OBJECTIVE.collator(config, tokenizer)
+    training = OBJECTIVE.collator(take(MlmOptions, config), tokenizer, None)
     first, second = training(features), training(features)
     assert not torch.equal(first["labels"], second["labels"])  # new masks every time
 
@@ -221,7 +246,7 @@ def test_accuracy_counts_masked_positions_only() -> None:
     import torch
 
     from lmctl.metrics import BatchMetrics
-    from lmctl.objectives.common import masked_positions
+    from lmctl.objectives.collate import masked_positions
 
     logits = torch.zeros(1, 4, 5)
     logits[0, torch.arange(4), torch.tensor([1, 2, 3, 4])] = 1.0  # predicts 1, 2, 3, 4

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from lmctl.config.loader import build_config
+from lmctl.config.slices import take
+from lmctl.distributed import native_bf16
 from lmctl.errors import ConfigError
-from lmctl.objectives.plm import OBJECTIVE, PlmConfig
+from lmctl.objectives.plm import OBJECTIVE, PlmConfig, PlmOptions
 from tests.conftest import TINY_XLNET, corpus_lines, lmctl
 
 
@@ -63,7 +65,11 @@ def test_batches_are_even_by_construction(
     lengths = [len(f["input_ids"]) for f in features]
     odd = [f for f in features if len(f["input_ids"]) % 2]
     assert odd, "the test needs odd-length samples"
-    collator = OBJECTIVE.collator(_config(train, line_by_line=True, **values), tokenizer)
+    collator = OBJECTIVE.collator(
+        take(PlmOptions, _config(train, line_by_line=True, **values)),
+        tokenizer,
+        8 if _config(train, line_by_line=True, **values).mixed_precision(native_bf16) else None,
+    )
     for batch_features in (odd[:1], features):
         batch = collator(batch_features)
         width = batch["input_ids"].shape[1]
@@ -87,7 +93,7 @@ def test_a_batch_with_no_drawn_target_gets_one(train: Path, wordpiece_tokenizer:
     tokenizer = AutoTokenizer.from_pretrained(wordpiece_tokenizer)
     # Spans this rare almost never land on two short lines.
     config = _config(train, line_by_line=True, plm_probability=1e-6)
-    collator = OBJECTIVE.collator(config, tokenizer)
+    collator = OBJECTIVE.collator(take(PlmOptions, config), tokenizer, None)
     encoded = tokenizer(["the king", "long live the king"])
     features = [{key: encoded[key][i] for key in encoded} for i in range(2)]
     for _ in range(5):
@@ -110,12 +116,16 @@ def test_eval_permutations_are_deterministic(train: Path, wordpiece_tokenizer: P
     tokenizer = AutoTokenizer.from_pretrained(wordpiece_tokenizer)
     config = _config(train, line_by_line=True)
     features = _features(wordpiece_tokenizer, 8)
-    first = OBJECTIVE.eval_collator(config, tokenizer)(features)
+    first = OBJECTIVE.eval_collator(take(PlmOptions, config), tokenizer, None, config.seed)(
+        features
+    )
     torch.rand(10)
-    second = OBJECTIVE.eval_collator(config, tokenizer)(features)
+    second = OBJECTIVE.eval_collator(take(PlmOptions, config), tokenizer, None, config.seed)(
+        features
+    )
     for key in ("input_ids", "perm_mask", "labels"):
         assert torch.equal(first[key], second[key]), key
-    training = OBJECTIVE.collator(config, tokenizer)
+    training = OBJECTIVE.collator(take(PlmOptions, config), tokenizer, None)
     assert not torch.equal(training(features)["perm_mask"], training(features)["perm_mask"])
 
 

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from lmctl.config.loader import build_config
+from lmctl.config.slices import DataSpec, take
+from lmctl.distributed import native_bf16
 from lmctl.errors import ConfigError
-from lmctl.objectives.swag import OBJECTIVE, SwagConfig, _encode_choices
+from lmctl.objectives.swag import OBJECTIVE, SwagConfig, SwagOptions, _encode_choices
 from tests.conftest import TINY_BERT, lmctl, minilm_path, swag_records, write_jsonl
 
 
@@ -103,7 +105,11 @@ def test_collators_dynamic_multiple_of_8_or_fixed(
             pad_to_max_length=config.pad_to_max_length,
         )  # fmt: skip
         features = [{key: out[key][i] for key in out} for i in range(4)]
-        batch = OBJECTIVE.collator(config, tokenizer)(features)
+        batch = OBJECTIVE.collator(
+            take(SwagOptions, config),
+            tokenizer,
+            8 if config.mixed_precision(native_bf16) else None,
+        )(features)
         assert batch["labels"].tolist() == [record["label"] for record in records]
         shapes[name] = tuple(batch["input_ids"].shape)
     longest = shapes["plain"][2]
@@ -122,11 +128,19 @@ def test_train_tokenizer_learns_from_the_choice_columns(tmp_path: Path) -> None:
     train = write_jsonl(tmp_path / "t.jsonl", records)
     config = _config(train, train_tokenizer=120, tokenizer_name=None)
     dataset = datasets.Dataset.from_list(records)
-    texts = [text for batch in OBJECTIVE.training_texts(config, dataset, "t") for text in batch]
+    texts = [
+        text
+        for batch in OBJECTIVE.training_texts(
+            take(SwagOptions, config), take(DataSpec, config), dataset, "t"
+        )
+        for text in batch
+    ]
     assert str(records[0]["sent1"]) in texts and str(records[0]["sent2"]) in texts
     assert str(records[0]["ending3"]) in texts and len(texts) == 50 * 6
     tokenizer = train_tokenizer(
-        lambda: OBJECTIVE.training_texts(config, dataset, "t"),
+        lambda: OBJECTIVE.training_texts(
+            take(SwagOptions, config), take(DataSpec, config), dataset, "t"
+        ),
         vocab_size=120,
         algorithm=OBJECTIVE.tokenizer_algorithm,
         model_max_length=64,

@@ -97,20 +97,26 @@ def test_grouping_is_off_by_default_as_upstream_and_on_when_asked(tmp_path: Path
     }
     mlm = get_objective("mlm")
     line_by_line = {**base, "line_by_line": True}
-    assert not mlm.groups_by_length(build_config(MlmConfig, cli_values=line_by_line))
-    assert not mlm.groups_by_length(build_config(MlmConfig, cli_values=base))
+    assert not mlm.groups_by_length(
+        build_config(MlmConfig, cli_values=line_by_line).group_by_length
+    )
+    assert not mlm.groups_by_length(build_config(MlmConfig, cli_values=base).group_by_length)
     assert mlm.groups_by_length(
-        build_config(MlmConfig, cli_values={**line_by_line, "group_by_length": True})
+        build_config(
+            MlmConfig, cli_values={**line_by_line, "group_by_length": True}
+        ).group_by_length
     )
     swag_values = {**base, "train_file": str(swag)}
     assert not get_objective("swag").groups_by_length(
-        build_config(SwagConfig, cli_values=swag_values)
+        build_config(SwagConfig, cli_values=swag_values).group_by_length
     )
     assert get_objective("swag").groups_by_length(
-        build_config(SwagConfig, cli_values={**swag_values, "group_by_length": True})
+        build_config(
+            SwagConfig, cli_values={**swag_values, "group_by_length": True}
+        ).group_by_length
     )
     clm_config = build_config(ClmConfig, cli_values={**base, "model_type": "gpt2"})
-    assert not get_objective("clm").groups_by_length(clm_config)
+    assert not get_objective("clm").groups_by_length(clm_config.group_by_length)
 
 
 def _minimal(train: Path) -> dict[str, Any]:
@@ -190,7 +196,7 @@ def test_accuracy_from_predictions_equals_accuracy_from_logits() -> None:
     import torch
 
     from lmctl.metrics import BatchMetrics, reduce_logits
-    from lmctl.objectives.common import masked_positions
+    from lmctl.objectives.collate import masked_positions
 
     torch.manual_seed(0)
     logits = torch.randn(3, 7, 11)
@@ -297,7 +303,7 @@ def test_evaluation_one_sample_at_a_time_gives_the_batch_loss(kind: str) -> None
 
     from lmctl.evaluation import _batch_loss
     from lmctl.metrics import BatchMetrics
-    from lmctl.objectives.common import masked_positions
+    from lmctl.objectives.collate import masked_positions
 
     torch.manual_seed(0)
     small = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from lmctl.config.loader import build_config
-from lmctl.config.slices import Access, DataSpec, take
+from lmctl.config.slices import Access, DataSpec, LoopSpec, take
 from lmctl.console import Console, OutputOptions
 from lmctl.data import prepared
 from lmctl.data.load import load_raw
 from lmctl.data.prepared import MANIFEST, cache_root
-from lmctl.objectives.clm import ClmConfig
+from lmctl.objectives.clm import OBJECTIVE, ClmConfig, ClmOptions
 from lmctl.objectives.common import tokenize_and_group
 from tests.conftest import corpus_lines
 
@@ -58,7 +58,15 @@ def _prepare(
     log = io.StringIO()
     with contextlib.redirect_stderr(log):
         console = Console(OutputOptions(no_progress=True))
-        datasets = tokenize_and_group(config, raw, tokenizer, block_size, console)
+        datasets = tokenize_and_group(
+            raw,
+            tokenizer,
+            block_size,
+            console,
+            data=take(DataSpec, config),
+            loop=take(LoopSpec, config),
+            text_options=OBJECTIVE.text_options(take(ClmOptions, config)),
+        )
     return datasets, log.getvalue()
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from lmctl.config.loader import build_config
-from lmctl.config.slices import Access, DataSpec, take
+from lmctl.config.slices import Access, DataSpec, LoopSpec, take
 from lmctl.console import Console, OutputOptions
 from lmctl.data import stream
 from lmctl.data.stream import positions, readers
@@ -284,7 +284,15 @@ def test_line_streams_keep_one_example_per_line(tmp_path: Path, bpe_tokenizer: P
         need_eval=False,
         text_options={"keep_linebreaks": False},
     )
-    lines = tokenize_lines(config, sources, tokenizer, 8, Console(OutputOptions()))
+    lines = tokenize_lines(
+        sources,
+        tokenizer,
+        8,
+        Console(OutputOptions()),
+        data=take(DataSpec, config),
+        loop=take(LoopSpec, config),
+        text_options={"keep_linebreaks": True},
+    )
     examples = list(lines["train"])
     assert len(examples) == 3
     assert max(len(example["input_ids"]) for example in examples) == 8
@@ -405,7 +413,7 @@ def _train_stream(kind: str, tmp_path: Path, lines: int, **values: Any) -> Any:
 def _loader(dataset: Any, workers: int) -> Any:
     from torch.utils.data import DataLoader
 
-    from lmctl.objectives.common import SeededCollator
+    from lmctl.objectives.collate import SeededCollator
 
     collate = SeededCollator(_tensor_batch, seed=0)
     return DataLoader(dataset, batch_size=4, num_workers=workers, collate_fn=collate)

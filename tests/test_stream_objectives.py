@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from lmctl.config.loader import build_config
-from lmctl.config.slices import Access, DataSpec, take
+from lmctl.config.slices import Access, DataSpec, LoopSpec, take
 from lmctl.console import Console, OutputOptions
 from lmctl.data.stream import readers
 from lmctl.data.stream.sources import Readers, load_sources
@@ -59,7 +59,15 @@ def _streams(objective: str, train_file: Path, tokenizer: Any, **values: Any) ->
         records=obj.streams_records,
     )
     console = Console(OutputOptions(quiet=True))
-    return obj.preprocess(config, sources, tokenizer, _NoPositions(), console)["train"]
+    return obj.preprocess(
+        take(obj.options_class, config),
+        sources,
+        tokenizer,
+        _NoPositions(),
+        console,
+        data=take(DataSpec, config),
+        loop=take(LoopSpec, config),
+    )["train"]
 
 
 class _NoPositions:

@@ -19,6 +19,7 @@ from lmctl.config.slices import (
     Access,
     AdapterSpec,
     DataSpec,
+    LoopSpec,
     ModelSpec,
     RunDirSpec,
     TokenizerSpec,
@@ -26,6 +27,7 @@ from lmctl.config.slices import (
 )
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.data.prepared import cache_root
+from lmctl.distributed import native_bf16
 from lmctl.models.activations import fuse_tanh_gelu
 from lmctl.models.build import build_model
 from lmctl.models.config import build_model_config
@@ -34,8 +36,7 @@ from lmctl.models.embedding import sparse_tied_embedding_gradient
 from lmctl.models.fastpaths import FastPaths
 from lmctl.models.padding import skip_padding
 from lmctl.models.plugins import load_plugins
-from lmctl.models.tokenizer import leave_out_segment_ids, load_tokenizer
-from lmctl.objectives.common import split_source
+from lmctl.models.tokenizer import leave_out_segment_ids, load_tokenizer, tokenizer_source
 from lmctl.run.checkpoints import resume_checkpoint
 from lmctl.run.rundir import local_run_dir
 
@@ -96,8 +97,8 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
         else PretrainedConfig()
     )
     if has_model:
-        objective.check_architecture(config, model_config)
-        objective.adapt_model_config(config, model_config, console)
+        objective.check_architecture(take(ModelSpec, config), take(Access, config), model_config)
+        objective.adapt_model_config(model_config, console)
     started = time.monotonic()
     raw: Any
     if config.streaming:
@@ -115,7 +116,7 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
             Readers(world_size(), config.dataloader_num_workers),
             need_train=config.do_train or config.train_tokenizer is not None,
             need_eval=config.do_eval,
-            text_options=objective.text_options(config),
+            text_options=objective.text_options(take(objective.options_class, config)),
             records=objective.streams_records,
         )
     else:
@@ -124,13 +125,18 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
             take(Access, config),
             do_train=config.do_train,
             need_eval=config.do_eval,
-            text_options=objective.text_options(config),
-            check_records=partial(objective.check_records, config),
+            text_options=objective.text_options(take(objective.options_class, config)),
+            check_records=partial(objective.check_records, take(objective.options_class, config)),
         )
     data_seconds = time.monotonic() - started
 
     def training_texts() -> Any:
-        return objective.training_texts(config, raw["train"], split_source(config, "train"))
+        return objective.training_texts(
+            take(objective.options_class, config),
+            take(DataSpec, config),
+            raw["train"],
+            take(DataSpec, config).source("train"),
+        )
 
     tokenizer = load_tokenizer(
         objective,
@@ -151,11 +157,24 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
     if not objective.segment_ids:
         leave_out_segment_ids(tokenizer, console)
     if has_model:
-        objective.check_model(config, model_config, tokenizer)
+        objective.check_model(
+            take(objective.options_class, config),
+            model_config,
+            tokenizer,
+            tokenizer_source(take(TokenizerSpec, config), take(ModelSpec, config)),
+        )
     if not config.do_train:
         raw.pop("train", None)
     started = time.monotonic()
-    processed = objective.preprocess(config, raw, tokenizer, model_config, console)
+    processed = objective.preprocess(
+        take(objective.options_class, config),
+        raw,
+        tokenizer,
+        model_config,
+        console,
+        data=take(DataSpec, config),
+        loop=take(LoopSpec, config),
+    )
     if not config.streaming:  # a stream applies its limits as it is read
         processed = limit_samples(take(DataSpec, config), processed, console)
     data_seconds += time.monotonic() - started
@@ -177,7 +196,7 @@ def install_fast_paths(
     paths.apply("fused-gelu", lambda: fuse_tanh_gelu(model), "the model has no tanh GELU in Python")
     if not config.do_train:
         return
-    objective.prepare_for_training(config, model, paths)
+    objective.prepare_for_training(take(objective.options_class, config), model, paths)
     paths.apply(
         "skip-padding",
         lambda: skip_padding(model),
@@ -223,7 +242,11 @@ def prepare(
     console.info(paths.summary())
     lengths = None
     train = prepared.train_dataset
-    if train is not None and not config.streaming and objective.groups_by_length(config):
+    if (
+        train is not None
+        and not config.streaming
+        and objective.groups_by_length(config.group_by_length)
+    ):
         from lmctl.data.batching import sample_lengths
 
         lengths = sample_lengths(train)
@@ -237,6 +260,15 @@ def prepare(
         tokenizer=prepared.tokenizer,
         train_dataset=prepared.train_dataset,
         eval_dataset=prepared.eval_dataset,
-        collator=objective.collator(config, prepared.tokenizer),
-        eval_collator=objective.eval_collator(config, prepared.tokenizer),
+        collator=objective.collator(
+            take(objective.options_class, config),
+            prepared.tokenizer,
+            8 if config.mixed_precision(native_bf16) else None,
+        ),
+        eval_collator=objective.eval_collator(
+            take(objective.options_class, config),
+            prepared.tokenizer,
+            8 if config.mixed_precision(native_bf16) else None,
+            config.seed,
+        ),
     )

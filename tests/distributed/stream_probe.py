@@ -42,7 +42,7 @@ def main() -> None:
     from lmctl.distributed import world_size
     from lmctl.engine.trainer import training_arguments
     from lmctl.objectives.clm import ClmConfig
-    from lmctl.objectives.common import BlockCollator
+    from lmctl.objectives.collate import BlockCollator
 
     vocab = {f"w{index}": index for index in range(lines)}
     vocab["[UNK]"] = lines

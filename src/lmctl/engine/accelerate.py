@@ -42,7 +42,7 @@ from lmctl.engine.optim import Plan, make_optimizer, make_plan, make_scheduler
 from lmctl.engine.sharding import accelerate_plugins
 from lmctl.errors import ConfigError
 from lmctl.metrics import predictions_of
-from lmctl.objectives.common import SeededCollator
+from lmctl.objectives.collate import SeededCollator
 from lmctl.run import checkpoints, history, rundir
 from lmctl.run.signals import StopRequest
 from lmctl.storage import atomic

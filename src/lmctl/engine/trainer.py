@@ -30,7 +30,7 @@ from lmctl.engine.common import (
 from lmctl.engine.sharding import trainer_options
 from lmctl.errors import ConfigError
 from lmctl.models.fastpaths import FastPaths
-from lmctl.objectives.common import SeededCollator
+from lmctl.objectives.collate import SeededCollator
 from lmctl.run.signals import StopRequest
 from lmctl.storage.paths import local_folder
 

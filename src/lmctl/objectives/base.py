@@ -1,15 +1,16 @@
 """What an objective is: the pieces that differ between clm, mlm, plm and swag.
 
-An objective module defines a config class (light: pydantic only) and an :class:`Objective`
-(heavy libraries imported inside its methods). The shared pipeline (``lmctl.pipeline``) and
-engines (``lmctl.engine``) call only the methods below, so a new objective is one new file
-plus one line in ``lmctl.objectives.OBJECTIVES``.
+An objective module defines a config class (light: pydantic only), the frozen options that
+its methods receive (the fields that the config class adds to ``TrainConfig``) and an
+:class:`Objective` (heavy libraries imported inside its methods). The shared pipeline
+(``lmctl.pipeline``) and engines (``lmctl.engine``) call only the methods below, so a new
+objective is one new file plus one line in ``lmctl.objectives.OBJECTIVES``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar, cast
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -18,19 +19,24 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
     from lmctl.config.base import TrainConfig
+    from lmctl.config.slices import Access, DataSpec, LoopSpec, ModelSpec
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
     from lmctl.metrics.lm_head import TiledHead
     from lmctl.models.fastpaths import FastPaths
 
+OptionsT = TypeVar("OptionsT")
 
-class Objective(ABC):
+
+class Objective(ABC, Generic[OptionsT]):
     name: ClassVar[str]
     #: One-line description shown in ``lmctl train --help``.
     summary: ClassVar[str]
     #: Hugging Face pipeline tag written into the model card.
     task_tag: ClassVar[str]
     config_class: ClassVar[type[TrainConfig]]
+    #: The frozen options built from a config of ``config_class`` (its own fields).
+    options_class: ClassVar[type]
     #: Algorithm used by ``--train-tokenizer``.
     tokenizer_algorithm: ClassVar[Literal["bpe", "wordpiece", "unigram"]] = "bpe"
     #: Whether the model scores labels shifted by one position (causal LMs).
@@ -44,26 +50,30 @@ class Objective(ABC):
     streams_records: ClassVar[bool] = False
     #: Whether the model is given the tokenizer's segment ids (``token_type_ids``).
     segment_ids: ClassVar[bool] = True
+    #: Whether the collator draws at random (masks, permutations).
+    random_batches: ClassVar[bool] = False
 
     def embedded_default(self) -> dict[str, Any] | None:
         """Values that make ``lmctl train <name>`` run with no model and no data, if any."""
         return None
 
-    def training_texts(self, config: TrainConfig, train: Any, where: str) -> Iterator[list[str]]:
+    def training_texts(
+        self, options: OptionsT, data: DataSpec, train: Any, where: str
+    ) -> Iterator[list[str]]:
         """Texts that ``--train-tokenizer`` learns from: of the loaded train split, or with
         ``--streaming`` of its source (:class:`lmctl.data.stream.sources.TextSource`)."""
         from lmctl.data.load import iterate_texts, text_column
 
-        if config.streaming:
+        if data.streaming:
             return cast("Iterator[list[str]]", train.texts())
-        return iterate_texts(train, text_column(train, config.text_column, where))
+        return iterate_texts(train, text_column(train, data.text_column, where))
 
-    def text_options(self, config: TrainConfig) -> dict[str, Any]:
+    def text_options(self, options: OptionsT) -> dict[str, Any]:
         """Options for reading .txt files (the ``datasets`` text builder)."""
         return {}
 
     def check_records(
-        self, config: TrainConfig, dataset: Dataset, where: str, path: str | None
+        self, options: OptionsT, dataset: Dataset, where: str, path: str | None
     ) -> None:
         """Reject malformed records of a split as loaded (before the validation hold-out and
         sample limits, so that ``lmctl.data.load.record_location(path, index)`` names the line)."""
@@ -73,20 +83,19 @@ class Objective(ABC):
     def auto_model_class(self) -> Any:
         """The transformers Auto class that builds or loads the model."""
 
-    def check_architecture(self, config: TrainConfig, model_config: PretrainedConfig) -> None:
+    def check_architecture(
+        self, model: ModelSpec, access: Access, model_config: PretrainedConfig
+    ) -> None:
         """Reject an architecture this objective can't train, before the tokenizer and data."""
-        from lmctl.config.slices import Access, ModelSpec, take
         from lmctl.models.config import check_auto_class
 
-        check_auto_class(take(ModelSpec, config), take(Access, config), self, model_config)
+        check_auto_class(model, access, self, model_config)
 
-    def adapt_model_config(
-        self, config: TrainConfig, model_config: PretrainedConfig, console: Console
-    ) -> None:
+    def adapt_model_config(self, model_config: PretrainedConfig, console: Console) -> None:
         """Adjust the model config for this objective before the model is built (saying so)."""
         return
 
-    def prepare_for_training(self, config: TrainConfig, model: Any, paths: FastPaths) -> None:
+    def prepare_for_training(self, options: OptionsT, model: Any, paths: FastPaths) -> None:
         """Install this objective's fast training paths on a built model, through ``paths``
         (which decides where each runs, and says so)."""
         return
@@ -104,36 +113,57 @@ class Objective(ABC):
 
     def check_model(
         self,
-        config: TrainConfig,
+        options: OptionsT,
         model_config: PretrainedConfig,
         tokenizer: PreTrainedTokenizerBase,
+        source: str,
     ) -> None:
-        """Reject a model or tokenizer this objective cannot train, before any data work."""
+        """Reject a model or tokenizer this objective cannot train, before any data work;
+        ``source`` is how the user named the tokenizer, for messages."""
         return
 
     @abstractmethod
     def preprocess(
         self,
-        config: TrainConfig,
+        options: OptionsT,
         raw: DatasetDict,
         tokenizer: PreTrainedTokenizerBase,
         model_config: PretrainedConfig,
         console: Console,
+        *,
+        data: DataSpec,
+        loop: LoopSpec,
     ) -> DatasetDict:
-        """Turn raw records into model inputs (tokenize, group, label)."""
+        """Turn raw records into model inputs (tokenize, group, label); ``loop`` only says
+        what the data layer needs (evaluation, seed and workers of a stream)."""
 
-    def groups_by_length(self, config: TrainConfig) -> bool:
+    def groups_by_length(self, group_by_length: bool) -> bool:
         """Whether training batches group samples of similar length (``--group-by-length``,
         off unless asked for, as upstream)."""
-        return bool(config.group_by_length)
+        return group_by_length
 
     @abstractmethod
-    def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
-        """Batch builder used for training and evaluation."""
+    def collator(
+        self, options: OptionsT, tokenizer: PreTrainedTokenizerBase, pad_multiple: int | None
+    ) -> Any:
+        """Batch builder used for training and evaluation; ``pad_multiple`` is the length
+        that mixed precision wants padded batches a multiple of (None in fp32)."""
 
-    def eval_collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
-        """Batch builder for evaluation; objectives with random masking make it deterministic."""
-        return self.collator(config, tokenizer)
+    def eval_collator(
+        self,
+        options: OptionsT,
+        tokenizer: PreTrainedTokenizerBase,
+        pad_multiple: int | None,
+        seed: int,
+    ) -> Any:
+        """Batch builder for evaluation: the collator, made deterministic with ``seed`` where
+        it draws at random."""
+        collator = self.collator(options, tokenizer, pad_multiple)
+        if not self.random_batches:
+            return collator
+        from lmctl.objectives.collate import SeededCollator
+
+        return SeededCollator(collator, seed)
 
     @abstractmethod
     def metrics(self) -> BatchMetrics:

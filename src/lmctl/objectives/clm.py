@@ -10,22 +10,21 @@ its config sets ``is_decoder``: the model would see the tokens it predicts. lmct
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from lmctl.config.base import TrainConfig
 from lmctl.config.fields import PANEL_OBJECTIVE, option
 from lmctl.objectives.base import Objective
-from lmctl.objectives.common import (
-    BlockCollator,
-    resolve_sequence_length,
-    tokenize_and_group,
-)
+from lmctl.objectives.collate import BlockCollator
+from lmctl.objectives.common import resolve_sequence_length, tokenize_and_group
 from lmctl.resources import EMBEDDED_CORPUS
 
 if TYPE_CHECKING:
     from datasets import DatasetDict
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+    from lmctl.config.slices import DataSpec, LoopSpec
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
     from lmctl.metrics.lm_head import TiledHead
@@ -47,6 +46,12 @@ class ClmConfig(TrainConfig):
     )
 
 
+@dataclass(frozen=True)
+class ClmOptions:
+    block_size: int | None
+    keep_linebreaks: bool
+
+
 def _next_token(predictions: Any, labels: Any) -> tuple[Any, Any]:
     predictions = predictions[:, :-1]
     references = labels[:, 1:]
@@ -54,12 +59,13 @@ def _next_token(predictions: Any, labels: Any) -> tuple[Any, Any]:
     return predictions[scored], references[scored]
 
 
-class Clm(Objective):
+class Clm(Objective[ClmOptions]):
     name = "clm"
     shifts_labels = True
     summary = "Causal language modelling (GPT-2, Llama, ...)"
     task_tag = "text-generation"
     config_class = ClmConfig
+    options_class = ClmOptions
     tokenizer_algorithm = "bpe"
     example_models = "gpt2, llama, qwen2"
     # Blocks of token ids: a causal LM is trained on token ids alone.
@@ -84,9 +90,7 @@ class Clm(Objective):
 
         return AutoModelForCausalLM
 
-    def adapt_model_config(
-        self, config: TrainConfig, model_config: PretrainedConfig, console: Console
-    ) -> None:
+    def adapt_model_config(self, model_config: PretrainedConfig, console: Console) -> None:
         if _is_bidirectional_encoder(model_config):
             model_config.is_decoder = True
             console.info(
@@ -95,7 +99,7 @@ class Clm(Objective):
                 "pretrained weights, if any, were learnt attending both ways)"
             )
 
-    def prepare_for_training(self, config: TrainConfig, model: Any, paths: FastPaths) -> None:
+    def prepare_for_training(self, options: ClmOptions, model: Any, paths: FastPaths) -> None:
         """The training loss is taken from the output layer chunk by chunk where the model's
         logits allow it (:mod:`lmctl.metrics.lm_head`): same loss and gradients, without
         the full-vocabulary logits; by liger-kernel's fused kernels on a GPU, in tiles of
@@ -121,26 +125,35 @@ class Clm(Objective):
 
         return TiledHead.of(model, inputs)
 
-    def text_options(self, config: TrainConfig) -> dict[str, Any]:
-        assert isinstance(config, ClmConfig)
-        return {"keep_linebreaks": config.keep_linebreaks}
+    def text_options(self, options: ClmOptions) -> dict[str, Any]:
+        return {"keep_linebreaks": options.keep_linebreaks}
 
     def preprocess(
         self,
-        config: TrainConfig,
+        options: ClmOptions,
         raw: DatasetDict,
         tokenizer: PreTrainedTokenizerBase,
         model_config: PretrainedConfig,
         console: Console,
+        *,
+        data: DataSpec,
+        loop: LoopSpec,
     ) -> DatasetDict:
-        assert isinstance(config, ClmConfig)
         block_size = resolve_sequence_length(
-            config.block_size, "--block-size", tokenizer, model_config, console
+            options.block_size, "--block-size", tokenizer, model_config, console
         )
         console.info(f"block size: {block_size} tokens")
-        return tokenize_and_group(config, raw, tokenizer, block_size, console)
+        return tokenize_and_group(
+            raw,
+            tokenizer,
+            block_size,
+            console,
+            data=data,
+            loop=loop,
+            text_options=self.text_options(options),
+        )
 
-    def collator(self, config: TrainConfig, tokenizer: Any) -> Any:
+    def collator(self, options: ClmOptions, tokenizer: Any, pad_multiple: int | None) -> Any:
         return BlockCollator()
 
     def metrics(self) -> BatchMetrics:

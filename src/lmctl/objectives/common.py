@@ -1,20 +1,17 @@
-"""Building blocks that several objectives share: sequence-length options and rules,
-tokenization (grouped into blocks, or one sample per line), padding, deterministic
-evaluation masks, and the selector that scores masked positions."""
+"""Building blocks that several objectives share: sequence-length options and rules, and
+tokenization (grouped into blocks, or one sample per line)."""
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from lmctl.config.base import TrainConfig
 from lmctl.config.fields import PANEL_OBJECTIVE, option
-from lmctl.config.slices import DataSpec, take
+from lmctl.config.slices import DataSpec
 from lmctl.data.load import cached_map, group_into_blocks, text_column, tokenizer_fingerprint
-from lmctl.data.stream.positions import POSITION_COLUMN, strip_positions
 from lmctl.data.tokens import LineEncoder, default_workers, is_blank, write_lines
 from lmctl.errors import DataError
 from lmctl.models.config import max_positions
@@ -23,6 +20,7 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+    from lmctl.config.slices import DataSpec, LoopSpec
     from lmctl.console import Console
 
 DEFAULT_LENGTH_CAP = 1024
@@ -43,6 +41,11 @@ class SequenceConfig(TrainConfig):
     )
 
 
+@dataclass(frozen=True)
+class SequenceOptions:
+    max_seq_length: int | None
+
+
 class LineByLineConfig(SequenceConfig):
     """Objectives that read plain text either grouped into blocks or one sample per line."""
 
@@ -60,26 +63,22 @@ class LineByLineConfig(SequenceConfig):
     )
 
 
-def split_source(config: TrainConfig, split: str) -> str:
-    """How the user named the data of a split, for error messages."""
-    path = config.train_file if split == "train" else config.validation_file
-    if path is None and split == "validation" and config.train_file is not None:
-        return f"{config.train_file} (held-out validation part)"
-    if path is not None:
-        return path
-    return f"--dataset-name {config.dataset_name} [{split}]"
+@dataclass(frozen=True)
+class LineByLineOptions(SequenceOptions):
+    line_by_line: bool
+    pad_to_max_length: bool
 
 
-def announce_text_column(config: TrainConfig, raw: DatasetDict, console: Console) -> None:
+def announce_text_column(data: DataSpec, raw: DatasetDict, console: Console) -> None:
     """Say which column holds the text, and which are ignored, when --text-column did not
     choose and the data has several."""
-    if config.text_column is not None:
+    if data.text_column is not None:
         return
     for split, dataset in raw.items():
         columns = list(dataset.column_names)
         if len(columns) < 2:
             continue
-        where = split_source(config, split)
+        where = data.source(split)
         column = text_column(dataset, None, where)
         ignored = ", ".join(name for name in columns if name != column)
         console.info(
@@ -166,12 +165,14 @@ def _tokenize_texts(texts: list[str], **options: Any) -> dict[str, Any]:
 
 
 def tokenize_and_group(
-    config: TrainConfig,
     raw: DatasetDict,
     tokenizer: PreTrainedTokenizerBase,
     block_size: int,
     console: Console,
     *,
+    data: DataSpec,
+    loop: LoopSpec,
+    text_options: dict[str, Any],
     special_tokens_mask: bool = False,
     offsets: bool = False,
 ) -> DatasetDict:
@@ -180,25 +181,26 @@ def tokenize_and_group(
     With ``--streaming`` this happens on the fly (:mod:`lmctl.data.stream`); otherwise the blocks
     come from the prepared-data cache (:mod:`lmctl.data.prepared`), built on a miss by the fast
     tokenizer (:mod:`lmctl.data.tokens`) with ``--preprocessing-num-workers`` processes.
+    ``text_options`` are the raw-reading options that changed the texts (part of the key).
     """
-    if not config.streaming:
-        announce_text_column(config, raw, console)
+    if not data.streaming:
+        announce_text_column(data, raw, console)
     if offsets:
         return _group_with_offsets(
-            config, raw, tokenizer, block_size, console, special_tokens_mask=special_tokens_mask
+            data, raw, tokenizer, block_size, console, special_tokens_mask=special_tokens_mask
         )
-    if config.streaming:
+    if data.streaming:
         from lmctl.data import stream
         from lmctl.data.stream.sources import TextSource
 
         sources = cast("dict[str, TextSource]", raw)
         streams = stream.block_streams(
-            take(DataSpec, config),
+            data,
             sources,
             tokenizer,
             block_size,
             console,
-            seed=config.seed,
+            seed=loop.seed,
             special_tokens_mask=special_tokens_mask,
         )
         return cast("DatasetDict", streams)
@@ -208,9 +210,9 @@ def tokenize_and_group(
     encoder = TextEncoder(tokenizer, special_tokens_mask=special_tokens_mask)
 
     def build(split: str, dataset: Dataset, path: Path) -> dict[str, Any]:
-        where = split_source(config, split)
-        column = text_column(dataset, config.text_column, where)
-        workers = writer_processes(config, dataset, column, split, console)
+        where = data.source(split)
+        column = text_column(dataset, data.text_column, where)
+        workers = writer_processes(data, dataset, column, split, console)
         stats = write_blocks(dataset, column, encoder, block_size, path, workers=workers)
         if stats.blocks == 0:
             raise DataError(
@@ -223,7 +225,7 @@ def tokenize_and_group(
         return asdict(stats)
 
     return prepared_splits(
-        take(DataSpec, config),
+        data,
         raw,
         tokenizer,
         console,
@@ -232,13 +234,13 @@ def tokenize_and_group(
             "block_size": block_size,
             "special_tokens_mask": special_tokens_mask,
         },
-        text_options=text_options_of(config),
+        text_options=text_options,
         build=build,
     )
 
 
 def _tokenized_split(
-    config: TrainConfig,
+    data: DataSpec,
     split: str,
     dataset: Dataset,
     tokenizer: PreTrainedTokenizerBase,
@@ -249,13 +251,13 @@ def _tokenized_split(
 ) -> tuple[str, Dataset]:
     """One split through :func:`_tokenize` (``datasets``-cached under an explicit key), and
     how the user named its data (for messages)."""
-    where = split_source(config, split)
-    column = text_column(dataset, config.text_column, where)
+    where = data.source(split)
+    column = text_column(dataset, data.text_column, where)
     tokenized = cached_map(
         dataset,
         partial(_tokenize, tokenizer=tokenizer, column=column, **options),
         key=("tokenize", tokenizer_key, column, *sorted(options.items())),
-        data=take(DataSpec, config),
+        data=data,
         description=f"{description} {split}",
         remove_columns=list(dataset.column_names),
     )
@@ -263,7 +265,7 @@ def _tokenized_split(
 
 
 def _group_with_offsets(
-    config: TrainConfig,
+    data: DataSpec,
     raw: DatasetDict,
     tokenizer: PreTrainedTokenizerBase,
     block_size: int,
@@ -282,7 +284,7 @@ def _group_with_offsets(
     processed = {}
     for split, dataset in raw.items():
         where, tokenized = _tokenized_split(
-            config,
+            data,
             split,
             dataset,
             tokenizer,
@@ -295,7 +297,7 @@ def _group_with_offsets(
             tokenized,
             partial(group_into_blocks, block_size=block_size),
             key=("group", block_size),
-            data=take(DataSpec, config),
+            data=data,
             description=f"grouping {split} into blocks of {block_size}",
         )
         if len(blocks) == 0:
@@ -311,20 +313,15 @@ def _group_with_offsets(
     return datasets.DatasetDict(processed)
 
 
-def text_options_of(config: TrainConfig) -> dict[str, Any]:
-    """The raw-reading options that change the texts (part of the prepared-data key)."""
-    from lmctl.objectives import get_objective
-
-    return get_objective(config.objective).text_options(config) if config.objective else {}
-
-
 def tokenize_lines(
-    config: TrainConfig,
     raw: DatasetDict,
     tokenizer: PreTrainedTokenizerBase,
     max_length: int,
     console: Console,
     *,
+    data: DataSpec,
+    loop: LoopSpec,
+    text_options: dict[str, Any],
     pad_to_max_length: bool = False,
     special_tokens_mask: bool = False,
     offsets: bool = False,
@@ -342,34 +339,34 @@ def tokenize_lines(
         "max_length": max_length,
         "pad_to_max_length": pad_to_max_length,
     }
-    if config.streaming:
+    if data.streaming:
         from lmctl.data import stream
         from lmctl.data.stream.sources import TextSource
 
         sources = cast("dict[str, TextSource]", raw)
         encode = partial(_tokenize_texts, tokenizer=tokenizer, **options)
         streams = stream.example_streams(
-            take(DataSpec, config),
+            data,
             sources,
             dict.fromkeys(sources, encode),
             console,
-            seed=config.seed,
+            seed=loop.seed,
             unit="line",
         )
         return cast("DatasetDict", streams)
-    announce_text_column(config, raw, console)
+    announce_text_column(data, raw, console)
 
     def build(split: str, dataset: Dataset, path: Path) -> dict[str, Any]:
-        where = split_source(config, split)
-        column = text_column(dataset, config.text_column, where)
-        workers = config.preprocessing_num_workers
+        where = data.source(split)
+        column = text_column(dataset, data.text_column, where)
+        workers = data.preprocessing_num_workers
         if _fast_lines(tokenizer, options):
             texts, count = write_lines(
                 dataset,
                 column,
                 LineEncoder(tokenizer, max_length, special_tokens_mask=special_tokens_mask),
                 path,
-                workers=writer_processes(config, dataset, column, split, console),
+                workers=writer_processes(data, dataset, column, split, console),
             )
             return _line_stats(split, where, texts, count, max_length=max_length, console=console)
         samples = dataset.map(
@@ -388,23 +385,23 @@ def tokenize_lines(
         )
 
     return prepared_splits(
-        take(DataSpec, config),
+        data,
         raw,
         tokenizer,
         console,
         params={"kind": "lines", **options},
-        text_options=text_options_of(config),
+        text_options=text_options,
         build=build,
     )
 
 
 def writer_processes(
-    config: TrainConfig, dataset: Dataset, column: str, split: str, console: Console
+    data: DataSpec, dataset: Dataset, column: str, split: str, console: Console
 ) -> int:
     """Processes for the fast block and line writers: ``--preprocessing-num-workers``, else
     lmctl's choice for the size of the text (said in the log when more than one)."""
-    if config.preprocessing_num_workers:
-        return config.preprocessing_num_workers
+    if data.preprocessing_num_workers:
+        return data.preprocessing_num_workers
     workers = default_workers(dataset, column)
     if workers > 1:
         console.info(
@@ -436,172 +433,23 @@ def _line_stats(
 
 
 def tokenize_texts(
-    config: LineByLineConfig,
+    options: LineByLineOptions,
     raw: DatasetDict,
     tokenizer: PreTrainedTokenizerBase,
     length: int,
     console: Console,
-    *,
-    special_tokens_mask: bool = False,
-    offsets: bool = False,
+    **keywords: Any,
 ) -> DatasetDict:
-    """Line by line or grouped into blocks, as ``--line-by-line`` says."""
-    if config.line_by_line:
+    """Line by line or grouped into blocks, as ``--line-by-line`` says; ``keywords`` are
+    those that both take (``data``, ``loop``, ``text_options``, ``special_tokens_mask``,
+    ``offsets``)."""
+    if options.line_by_line:
         return tokenize_lines(
-            config,
             raw,
             tokenizer,
             length,
             console,
-            pad_to_max_length=config.pad_to_max_length,
-            special_tokens_mask=special_tokens_mask,
-            offsets=offsets,
+            pad_to_max_length=options.pad_to_max_length,
+            **keywords,
         )
-    return tokenize_and_group(
-        config,
-        raw,
-        tokenizer,
-        length,
-        console,
-        special_tokens_mask=special_tokens_mask,
-        offsets=offsets,
-    )
-
-
-class BlockCollator:
-    """Stacks equal-length blocks; labels are the inputs (the model shifts them)."""
-
-    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        import torch
-
-        input_ids = torch.tensor([feature["input_ids"] for feature in features], dtype=torch.long)
-        return {"input_ids": input_ids, "labels": input_ids.clone()}
-
-
-def _pad_values(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
-    return {
-        "input_ids": tokenizer.pad_token_id,
-        "attention_mask": 0,
-        "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0),
-        "special_tokens_mask": 1,
-        "offset_mapping": [0, 0],
-        "labels": -100,
-    }
-
-
-def pad_features(
-    features: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, multiple_of: int = 1
-) -> list[dict[str, Any]]:
-    """Pad every per-token field of a batch to one length, a multiple of ``multiple_of``.
-
-    Unlike ``tokenizer.pad`` this also pads nested per-token fields (offset mappings) and
-    fields that the tokenizer does not know, so any collator can run on the result.
-    """
-    longest = max(len(feature["input_ids"]) for feature in features)
-    length = -(-longest // multiple_of) * multiple_of
-    values = _pad_values(tokenizer)
-    left = tokenizer.padding_side == "left"
-    padded = []
-    for feature in features:
-        missing = length - len(feature["input_ids"])
-        if missing == 0:
-            padded.append(feature)
-            continue
-        if values["input_ids"] is None:
-            raise DataError(
-                "the tokenizer has no padding token, so samples of different lengths can't "
-                "be batched",
-                "use a tokenizer with a pad token, or samples of equal length (no --line-by-line)",
-            )
-        out = dict(feature)
-        for key, fill in values.items():
-            if key in feature:
-                pad = [fill] * missing
-                out[key] = pad + list(feature[key]) if left else list(feature[key]) + pad
-        if "attention_mask" not in feature:
-            ones = [1] * len(feature["input_ids"])
-            out["attention_mask"] = [0] * missing + ones if left else ones + [0] * missing
-        padded.append(out)
-    return padded
-
-
-class SeededCollator:
-    """Makes a random collator (masking, permutations) deterministic, without touching the
-    global RNG.
-
-    Each batch's random draws come from a generator seeded with ``seed``, ``epoch`` and the
-    batch's token ids. Evaluation (epoch 0) gives the same numbers for the same model and
-    data in every process or dataloader worker, however many evaluations ran before. Training
-    (the accelerate engine sets ``epoch``) draws new masks every epoch, yet the same ones in a
-    resumed run as in an uninterrupted one, whatever the dataloader prefetched.
-    """
-
-    def __init__(self, collator: Any, seed: int) -> None:
-        self.collator = collator
-        self.seed = seed
-        self.epoch = 0
-
-    def _batch_seed(self, features: list[dict[str, Any]]) -> int:
-        digest = hashlib.blake2b(str(self.seed).encode(), digest_size=8)
-        if self.epoch:
-            digest.update(f":{self.epoch}".encode())
-        for feature in features:
-            ids = feature["input_ids"] if isinstance(feature, dict) else feature
-            digest.update(_token_bytes(ids))
-            digest.update(b"|")
-        return int.from_bytes(digest.digest(), "little") & (2**63 - 1)
-
-    def __call__(self, features: list[dict[str, Any]]) -> Any:
-        import torch
-
-        features, mark, placeholders = strip_positions(features)
-        if placeholders:
-            # Batches a resumed stream yields in place of those trained on before: skipped
-            # by the engine, never collated.
-            return {POSITION_COLUMN: torch.tensor([[-1, len(features)]])}
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self._batch_seed(features))
-            batch = self.collator(features)
-        if mark is not None:
-            batch[POSITION_COLUMN] = torch.tensor([mark], dtype=torch.int64)
-        return batch
-
-
-def _token_bytes(ids: Any) -> bytes:
-    import numpy as np
-
-    try:
-        return np.asarray(ids, dtype=np.int64).tobytes()
-    except (TypeError, ValueError):  # ragged, e.g. the choices of a multiple-choice record
-        return repr(ids).encode()
-
-
-def draw_one_target(
-    batch: dict[str, Any], tokenizer: PreTrainedTokenizerBase
-) -> tuple[int, int] | None:
-    """The position that a batch whose random draw chose no target must predict, or ``None``
-    when it has a target already (or no token that could be one).
-
-    Without a target a batch's loss is a mean over nothing: NaN, which would poison the
-    weights. The position is drawn among the batch's non-special tokens, from the same global
-    generator as the collator's draws, so a seeded run stays reproducible. Its label is set;
-    hiding the token from the model is the caller's part (a mask token, a permutation mask).
-    """
-    import torch
-
-    labels, ids = batch["labels"], batch["input_ids"]
-    if bool((labels != -100).any()):
-        return None
-    special = torch.tensor(tokenizer.all_special_ids, dtype=ids.dtype)
-    candidates = (~torch.isin(ids, special)).nonzero()
-    if not len(candidates):
-        return None
-    row, column = candidates[int(torch.randint(len(candidates), (1,)))].tolist()
-    labels[row, column] = ids[row, column]
-    return row, column
-
-
-def masked_positions(predictions: Any, labels: Any) -> tuple[Any, Any]:
-    """Predictions and labels at the positions that carry a label (not -100)."""
-    scored = labels != -100
-    return predictions[scored], labels[scored]
+    return tokenize_and_group(raw, tokenizer, length, console, **keywords)

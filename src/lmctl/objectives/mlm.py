@@ -8,21 +8,17 @@ evaluations of one model agree. Accuracy is scored on the masked positions only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from lmctl.config.base import Problems, TrainConfig
+from lmctl.config.base import Problems
 from lmctl.config.fields import PANEL_OBJECTIVE, option
-from lmctl.config.slices import ModelSpec, TokenizerSpec, take
-from lmctl.distributed import native_bf16
 from lmctl.errors import ConfigError
-from lmctl.models.tokenizer import tokenizer_source
 from lmctl.objectives.base import Objective
+from lmctl.objectives.collate import draw_one_target, masked_positions, pad_features
 from lmctl.objectives.common import (
     LineByLineConfig,
-    SeededCollator,
-    draw_one_target,
-    masked_positions,
-    pad_features,
+    LineByLineOptions,
     resolve_sequence_length,
     tokenize_texts,
 )
@@ -31,6 +27,7 @@ if TYPE_CHECKING:
     from datasets import DatasetDict
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+    from lmctl.config.slices import DataSpec, LoopSpec
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
     from lmctl.metrics.lm_head import TiledHead
@@ -62,6 +59,12 @@ class MlmConfig(LineByLineConfig):
                 "--whole-word-mask does not work with --streaming",
                 "drop one of them; whole-word masking reads word offsets from prepared data",
             )
+
+
+@dataclass(frozen=True)
+class MlmOptions(LineByLineOptions):
+    mlm_probability: float
+    whole_word_mask: bool
 
 
 class PaddedMaskingCollator:
@@ -102,11 +105,13 @@ class PaddedMaskingCollator:
         return batch
 
 
-class Mlm(Objective):
+class Mlm(Objective[MlmOptions]):
     name = "mlm"
     summary = "Masked language modelling (BERT, RoBERTa, DistilBERT, ALBERT, ...)"
     task_tag = "fill-mask"
     config_class = MlmConfig
+    options_class = MlmOptions
+    random_batches = True
     tokenizer_algorithm = "wordpiece"
     example_models = "bert, roberta, distilbert, albert"
 
@@ -117,30 +122,29 @@ class Mlm(Objective):
 
     def check_model(
         self,
-        config: TrainConfig,
+        options: MlmOptions,
         model_config: PretrainedConfig,
         tokenizer: PreTrainedTokenizerBase,
+        source: str,
     ) -> None:
-        assert isinstance(config, MlmConfig)
-        source = tokenizer_source(take(TokenizerSpec, config), take(ModelSpec, config))
         if tokenizer.mask_token is None:
             raise ConfigError(
                 f"{source}: the tokenizer has no mask token, which masked language modelling needs",
                 "use a BERT- or RoBERTa-style tokenizer, or --train-tokenizer when training "
                 "from scratch",
             )
-        if config.line_by_line and tokenizer.pad_token is None:
+        if options.line_by_line and tokenizer.pad_token is None:
             raise ConfigError(
                 f"{source}: the tokenizer has no padding token, which --line-by-line needs",
                 "use a tokenizer with a pad token, or drop --line-by-line",
             )
-        if config.whole_word_mask and not tokenizer.is_fast:
+        if options.whole_word_mask and not tokenizer.is_fast:
             raise ConfigError(
                 f"{source}: --whole-word-mask needs a fast tokenizer (word offsets)",
                 "use a tokenizer with a tokenizer.json, or drop --whole-word-mask",
             )
 
-    def prepare_for_training(self, config: TrainConfig, model: Any, paths: FastPaths) -> None:
+    def prepare_for_training(self, options: MlmOptions, model: Any, paths: FastPaths) -> None:
         """The prediction head runs on the masked positions only, where the model's logits
         allow it (:mod:`lmctl.metrics.lm_head`): same loss and gradients."""
         from lmctl.metrics.lm_head import masked_training_loss
@@ -159,48 +163,50 @@ class Mlm(Objective):
 
     def preprocess(
         self,
-        config: TrainConfig,
+        options: MlmOptions,
         raw: DatasetDict,
         tokenizer: PreTrainedTokenizerBase,
         model_config: PretrainedConfig,
         console: Console,
+        *,
+        data: DataSpec,
+        loop: LoopSpec,
     ) -> DatasetDict:
-        assert isinstance(config, MlmConfig)
         length = resolve_sequence_length(
-            config.max_seq_length, "--max-seq-length", tokenizer, model_config, console
+            options.max_seq_length, "--max-seq-length", tokenizer, model_config, console
         )
         console.info(f"max sequence length: {length} tokens")
         # The special-tokens mask is computed once here instead of for every batch.
         return tokenize_texts(
-            config,
+            options,
             raw,
             tokenizer,
             length,
             console,
+            data=data,
+            loop=loop,
+            text_options=self.text_options(options),
             special_tokens_mask=True,
-            offsets=config.whole_word_mask,
+            offsets=options.whole_word_mask,
         )
 
-    def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
+    def collator(
+        self, options: MlmOptions, tokenizer: PreTrainedTokenizerBase, pad_multiple: int | None
+    ) -> Any:
         from transformers import DataCollatorForLanguageModeling
 
-        assert isinstance(config, MlmConfig)
         # Whole words are always replaced by the mask token (transformers forces it anyway,
         # with a warning); single tokens keep the usual 80% mask / 10% random / 10% kept.
-        whole = config.whole_word_mask
+        whole = options.whole_word_mask
         masking = DataCollatorForLanguageModeling(
             tokenizer=tokenizer,
-            mlm_probability=config.mlm_probability,
+            mlm_probability=options.mlm_probability,
             whole_word_mask=whole,
             mask_replace_prob=1.0 if whole else 0.8,
             random_replace_prob=0.0 if whole else 0.1,
         )
-        dynamic = config.line_by_line and not config.pad_to_max_length
-        mixed = config.mixed_precision(native_bf16) is not None
-        return PaddedMaskingCollator(masking, tokenizer, 8 if dynamic and mixed else 1)
-
-    def eval_collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
-        return SeededCollator(self.collator(config, tokenizer), config.seed)
+        dynamic = options.line_by_line and not options.pad_to_max_length
+        return PaddedMaskingCollator(masking, tokenizer, (pad_multiple if dynamic else None) or 1)
 
     def metrics(self) -> BatchMetrics:
         from lmctl.metrics import BatchMetrics

@@ -9,22 +9,18 @@ construction.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from lmctl.config.base import Problems, TrainConfig
+from lmctl.config.base import Problems
 from lmctl.config.fields import PANEL_OBJECTIVE, option
-from lmctl.config.slices import ModelSpec, TokenizerSpec, take
-from lmctl.distributed import native_bf16
 from lmctl.errors import ConfigError
 from lmctl.models.config import model_source
-from lmctl.models.tokenizer import tokenizer_source
 from lmctl.objectives.base import Objective
+from lmctl.objectives.collate import draw_one_target, masked_positions, pad_features
 from lmctl.objectives.common import (
     LineByLineConfig,
-    SeededCollator,
-    draw_one_target,
-    masked_positions,
-    pad_features,
+    LineByLineOptions,
     resolve_sequence_length,
     tokenize_texts,
 )
@@ -33,6 +29,7 @@ if TYPE_CHECKING:
     from datasets import DatasetDict
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+    from lmctl.config.slices import Access, DataSpec, LoopSpec, ModelSpec
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
 
@@ -80,6 +77,12 @@ class PlmConfig(LineByLineConfig):
             )
 
 
+@dataclass(frozen=True)
+class PlmOptions(LineByLineOptions):
+    plm_probability: float
+    max_span_length: int
+
+
 class PermutationCollator:
     """Pads a batch to an even length, then lets transformers draw the permutation masks.
 
@@ -111,12 +114,14 @@ class PermutationCollator:
         return batch
 
 
-class Plm(Objective):
+class Plm(Objective[PlmOptions]):
     name = "plm"
     summary = "Permutation language modelling (XLNet)"
     # The Hub has no pipeline tag for permutation LM; XLNet's LM head generates text.
     task_tag = "text-generation"
     config_class = PlmConfig
+    options_class = PlmOptions
+    random_batches = True
     tokenizer_algorithm = "unigram"
     example_models = "xlnet"
 
@@ -131,24 +136,26 @@ class Plm(Objective):
     def model_card_tags(self) -> list[str]:
         return [self.task_tag, "language-modeling", "permutation-language-modeling"]
 
-    def check_architecture(self, config: TrainConfig, model_config: PretrainedConfig) -> None:
+    def check_architecture(
+        self, model: ModelSpec, access: Access, model_config: PretrainedConfig
+    ) -> None:
         from transformers import XLNetConfig
 
         if not isinstance(model_config, XLNetConfig):
             raise ConfigError(
-                f"{model_source(take(ModelSpec, config))}: a {model_config.model_type} model "
+                f"{model_source(model)}: a {model_config.model_type} model "
                 "can't be trained for permutation language modelling, which is XLNet's objective",
                 XLNET_HINT,
             )
-        super().check_architecture(config, model_config)
+        super().check_architecture(model, access, model_config)
 
     def check_model(
         self,
-        config: TrainConfig,
+        options: PlmOptions,
         model_config: PretrainedConfig,
         tokenizer: PreTrainedTokenizerBase,
+        source: str,
     ) -> None:
-        source = tokenizer_source(take(TokenizerSpec, config), take(ModelSpec, config))
         for token, role in (("mask_token", "mask"), ("pad_token", "padding")):
             if getattr(tokenizer, token) is None:
                 raise ConfigError(
@@ -159,36 +166,44 @@ class Plm(Objective):
 
     def preprocess(
         self,
-        config: TrainConfig,
+        options: PlmOptions,
         raw: DatasetDict,
         tokenizer: PreTrainedTokenizerBase,
         model_config: PretrainedConfig,
         console: Console,
+        *,
+        data: DataSpec,
+        loop: LoopSpec,
     ) -> DatasetDict:
-        assert isinstance(config, PlmConfig)
         length = resolve_sequence_length(
-            config.max_seq_length, "--max-seq-length", tokenizer, model_config, console
+            options.max_seq_length, "--max-seq-length", tokenizer, model_config, console
         )
         if length % 2:
             console.info(f"using {length - 1} tokens: permutation needs an even length")
             length -= 1
         console.info(f"max sequence length: {length} tokens")
-        return tokenize_texts(config, raw, tokenizer, length, console)
+        return tokenize_texts(
+            options,
+            raw,
+            tokenizer,
+            length,
+            console,
+            data=data,
+            loop=loop,
+            text_options=self.text_options(options),
+        )
 
-    def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
+    def collator(
+        self, options: PlmOptions, tokenizer: PreTrainedTokenizerBase, pad_multiple: int | None
+    ) -> Any:
         from transformers import DataCollatorForPermutationLanguageModeling
 
-        assert isinstance(config, PlmConfig)
         permuting = DataCollatorForPermutationLanguageModeling(
             tokenizer=tokenizer,
-            plm_probability=config.plm_probability,
-            max_span_length=config.max_span_length,
+            plm_probability=options.plm_probability,
+            max_span_length=options.max_span_length,
         )
-        mixed = config.mixed_precision(native_bf16) is not None
-        return PermutationCollator(permuting, tokenizer, 8 if mixed else 2)
-
-    def eval_collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
-        return SeededCollator(self.collator(config, tokenizer), config.seed)
+        return PermutationCollator(permuting, tokenizer, pad_multiple or 2)
 
     def metrics(self) -> BatchMetrics:
         from lmctl.metrics import BatchMetrics

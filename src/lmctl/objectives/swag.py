@@ -9,23 +9,22 @@ choice, all pairs are tokenized flat and regrouped to (records, choices). Withou
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import field_validator, model_validator
 
-from lmctl.config.base import Problems, TrainConfig
+from lmctl.config.base import Problems
 from lmctl.config.fields import PANEL_DATA, PANEL_OBJECTIVE, option
-from lmctl.config.slices import DataSpec, ModelSpec, TokenizerSpec, take
+from lmctl.config.slices import take
 from lmctl.data.load import cached_map, record_location, tokenizer_fingerprint
-from lmctl.distributed import native_bf16
 from lmctl.errors import ConfigError, DataError
-from lmctl.models.tokenizer import tokenizer_source
 from lmctl.objectives.base import Objective
 from lmctl.objectives.common import (
     SequenceConfig,
+    SequenceOptions,
     resolve_sequence_length,
-    split_source,
 )
 from lmctl.storage.paths import data_extension
 
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+    from lmctl.config.slices import DataSpec, LoopSpec
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
 
@@ -91,7 +91,7 @@ class SwagConfig(SequenceConfig):
 
     @property
     def endings(self) -> list[str]:
-        return [name.strip() for name in self.ending_columns.split(",") if name.strip()]
+        return take(SwagOptions, self).endings
 
     def check(self, problems: Problems) -> None:
         super().check(problems)
@@ -120,6 +120,19 @@ class SwagConfig(SequenceConfig):
                     "columns, not plain text",
                     "use a csv, json, jsonl or parquet file",
                 )
+
+
+@dataclass(frozen=True)
+class SwagOptions(SequenceOptions):
+    context_column: str
+    question_column: str
+    ending_columns: str
+    label_column: str
+    pad_to_max_length: bool
+
+    @property
+    def endings(self) -> list[str]:
+        return [name.strip() for name in self.ending_columns.split(",") if name.strip()]
 
 
 def label_value(value: Any, choices: int) -> int | None:
@@ -178,14 +191,29 @@ def _encode_choices(
     return out
 
 
+def _encoder(
+    options: SwagOptions, tokenizer: PreTrainedTokenizerBase, question: str | None, length: int
+) -> Any:
+    return partial(
+        _encode_choices,
+        tokenizer=tokenizer,
+        context=options.context_column,
+        question=question,
+        endings=options.endings,
+        label=options.label_column,
+        max_length=length,
+        pad_to_max_length=options.pad_to_max_length,
+    )
+
+
 BAD_RECORD_HINT = (
     "fix or remove those records, or the column flags (--label-column, --ending-columns)"
 )
 
 
-def question_column(config: SwagConfig, columns: list[str]) -> str | None:
+def question_column(options: SwagOptions, columns: list[str]) -> str | None:
     """The question header column, if the data has one."""
-    name = config.question_column
+    name = options.question_column
     if not name or (name == DEFAULT_QUESTION_COLUMN and name not in columns):
         return None
     return name
@@ -197,15 +225,15 @@ def _columns_of(data: Any) -> list[str]:
     return list(columns if columns is not None else data.columns or [])
 
 
-def check_columns(config: SwagConfig, columns: list[str], where: str) -> None:
+def check_columns(options: SwagOptions, columns: list[str], where: str) -> None:
     """Every column the flags name is in the data."""
     listed = ", ".join(columns)
     required = [
-        (config.context_column, "--context-column"),
-        *[(name, "--ending-columns") for name in config.endings],
-        (config.label_column, "--label-column"),
+        (options.context_column, "--context-column"),
+        *[(name, "--ending-columns") for name in options.endings],
+        (options.label_column, "--label-column"),
     ]
-    question = question_column(config, columns)
+    question = question_column(options, columns)
     if question is not None:
         required.insert(1, (question, "--question-column"))
     for column, flag in required:
@@ -213,16 +241,16 @@ def check_columns(config: SwagConfig, columns: list[str], where: str) -> None:
             raise DataError(f"{where}: no column '{column}' (columns: {listed})", f"fix {flag}")
 
 
-def bad_records(config: SwagConfig, columns: dict[str, list[Any]]) -> list[tuple[int, str]]:
+def bad_records(options: SwagOptions, columns: dict[str, list[Any]]) -> list[tuple[int, str]]:
     """(index, reason) of every record with a missing text or a label that is no choice, by
     index."""
-    choices = len(config.endings)
+    choices = len(options.endings)
     bad: list[tuple[int, str]] = []
-    for name in (config.context_column, *config.endings):
+    for name in (options.context_column, *options.endings):
         for index, value in enumerate(columns[name]):
             if _missing(value):
                 bad.append((index, f"'{name}' is missing"))
-    for index, value in enumerate(columns[config.label_column]):
+    for index, value in enumerate(columns[options.label_column]):
         if label_value(value, choices) is None:
             shown = "missing" if value is None else repr(value)
             reason = f"label {shown} is not a choice (0 to {choices - 1} for {choices} endings)"
@@ -234,13 +262,13 @@ def _encode_streamed(
     records: list[dict[str, Any]],
     *,
     where: str,
-    config: SwagConfig,
+    options: SwagOptions,
     needed: list[str],
     encode: Any,
 ) -> dict[str, Any]:
     """A batch of streamed records, checked like loaded ones, then encoded."""
     columns = {name: [record.get(name) for record in records] for name in needed}
-    bad = bad_records(config, columns)
+    bad = bad_records(options, columns)
     if bad:
         index, reason = bad[0]
         shown = json.dumps(records[index], default=str)[:120]
@@ -252,11 +280,12 @@ def _choice(predictions: Any, labels: Any) -> tuple[Any, Any]:
     return predictions, labels
 
 
-class Swag(Objective):
+class Swag(Objective[SwagOptions]):
     name = "swag"
     summary = "Multiple choice (SWAG-style: a context and two or more endings)"
     task_tag = "multiple-choice"
     config_class = SwagConfig
+    options_class = SwagOptions
     tokenizer_algorithm = "wordpiece"
     reports_perplexity = False
     example_models = "bert, roberta, distilbert, albert"
@@ -268,13 +297,12 @@ class Swag(Objective):
         return AutoModelForMultipleChoice
 
     def check_records(
-        self, config: TrainConfig, dataset: Dataset, where: str, path: str | None
+        self, options: SwagOptions, dataset: Dataset, where: str, path: str | None
     ) -> None:
-        assert isinstance(config, SwagConfig)
-        check_columns(config, list(dataset.column_names), where)
-        columns = {name: dataset[name] for name in (config.context_column, *config.endings)}
-        columns[config.label_column] = dataset[config.label_column]
-        bad = bad_records(config, columns)
+        check_columns(options, list(dataset.column_names), where)
+        columns = {name: dataset[name] for name in (options.context_column, *options.endings)}
+        columns[options.label_column] = dataset[options.label_column]
+        bad = bad_records(options, columns)
         if bad:
             index, reason = bad[0]
             records = sorted({i for i, _ in bad})
@@ -283,11 +311,12 @@ class Swag(Objective):
                 f"{where}, {record_location(path, index)}: {reason}{more}", BAD_RECORD_HINT
             )
 
-    def training_texts(self, config: TrainConfig, train: Any, where: str) -> Iterator[list[str]]:
-        assert isinstance(config, SwagConfig)
-        question = question_column(config, _columns_of(train))
-        columns = [config.context_column, *([question] if question else []), *config.endings]
-        if config.streaming:
+    def training_texts(
+        self, options: SwagOptions, data: DataSpec, train: Any, where: str
+    ) -> Iterator[list[str]]:
+        question = question_column(options, _columns_of(train))
+        columns = [options.context_column, *([question] if question else []), *options.endings]
+        if data.streaming:
             yield from train.texts(columns=columns)
             return
         for start in range(0, len(train), 1000):
@@ -296,78 +325,73 @@ class Swag(Objective):
 
     def check_model(
         self,
-        config: TrainConfig,
+        options: SwagOptions,
         model_config: PretrainedConfig,
         tokenizer: PreTrainedTokenizerBase,
+        source: str,
     ) -> None:
         if tokenizer.pad_token is None:
             raise ConfigError(
-                f"{tokenizer_source(take(TokenizerSpec, config), take(ModelSpec, config))}: "
-                "the tokenizer has no padding token, which batching the choices needs",
+                f"{source}: the tokenizer has no padding token, which batching the choices needs",
                 "use a BERT-style tokenizer, or --train-tokenizer when training from scratch",
             )
 
     def preprocess(
         self,
-        config: TrainConfig,
+        options: SwagOptions,
         raw: DatasetDict,
         tokenizer: PreTrainedTokenizerBase,
         model_config: PretrainedConfig,
         console: Console,
+        *,
+        data: DataSpec,
+        loop: LoopSpec,
     ) -> DatasetDict:
         import datasets
 
-        assert isinstance(config, SwagConfig)
         length = resolve_sequence_length(
-            config.max_seq_length, "--max-seq-length", tokenizer, model_config, console
+            options.max_seq_length, "--max-seq-length", tokenizer, model_config, console
         )
         console.info(f"max sequence length: {length} tokens per choice")
-        if config.streaming:
-            return self._stream(config, raw, tokenizer, length, console)
+        if data.streaming:
+            return self._stream(options, raw, tokenizer, length, console, data=data, loop=loop)
         tokenizer_key = tokenizer_fingerprint(tokenizer)
         processed = {}
         for split, dataset in raw.items():
-            question = question_column(config, list(dataset.column_names))
-            encode = partial(
-                _encode_choices,
-                tokenizer=tokenizer,
-                context=config.context_column,
-                question=question,
-                endings=config.endings,
-                label=config.label_column,
-                max_length=length,
-                pad_to_max_length=config.pad_to_max_length,
-            )
+            question = question_column(options, list(dataset.column_names))
             processed[split] = cached_map(
                 dataset,
-                encode,
+                _encoder(options, tokenizer, question, length),
                 key=(
                     "choices",
                     tokenizer_key,
-                    config.context_column,
+                    options.context_column,
                     question,
-                    config.endings,
-                    config.label_column,
+                    options.endings,
+                    options.label_column,
                     length,
-                    config.pad_to_max_length,
+                    options.pad_to_max_length,
                 ),
-                data=take(DataSpec, config),
+                data=data,
                 description=f"tokenizing {split}",
                 remove_columns=list(dataset.column_names),
             )
             console.info(
-                f"{split}: {len(dataset)} records x {len(config.endings)} choices "
-                f"({split_source(config, split)})"
+                f"{split}: {len(dataset)} records x {len(options.endings)} choices "
+                f"({data.source(split)})"
             )
         return datasets.DatasetDict(processed)
 
     def _stream(
         self,
-        config: SwagConfig,
+        options: SwagOptions,
         raw: Any,
         tokenizer: PreTrainedTokenizerBase,
         length: int,
         console: Console,
+        *,
+        data: DataSpec,
+        loop: LoopSpec,
     ) -> Any:
         """Records read, checked and tokenized on the fly (``--streaming``); the columns are
         checked on each split's first record before any work."""
@@ -375,45 +399,32 @@ class Swag(Objective):
 
         encoders: dict[str, stream.Encoder] = {}
         for split, source in raw.items():
-            check_columns(config, source.columns or [], source.where)
-            question = question_column(config, source.columns or [])
+            check_columns(options, source.columns or [], source.where)
+            question = question_column(options, source.columns or [])
             encoders[split] = partial(
                 _encode_streamed,
                 where=source.where,
-                config=config,
+                options=options,
                 needed=[
-                    config.context_column,
+                    options.context_column,
                     *([question] if question else []),
-                    *config.endings,
-                    config.label_column,
+                    *options.endings,
+                    options.label_column,
                 ],
-                encode=partial(
-                    _encode_choices,
-                    tokenizer=tokenizer,
-                    context=config.context_column,
-                    question=question,
-                    endings=config.endings,
-                    label=config.label_column,
-                    max_length=length,
-                    pad_to_max_length=config.pad_to_max_length,
-                ),
+                encode=_encoder(options, tokenizer, question, length),
             )
-        return stream.example_streams(
-            take(DataSpec, config), raw, encoders, console, seed=config.seed, unit="record"
-        )
+        return stream.example_streams(data, raw, encoders, console, seed=loop.seed, unit="record")
 
-    def collator(self, config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
-        assert isinstance(config, SwagConfig)
-        if config.pad_to_max_length:
+    def collator(
+        self, options: SwagOptions, tokenizer: PreTrainedTokenizerBase, pad_multiple: int | None
+    ) -> Any:
+        if options.pad_to_max_length:
             from transformers import default_data_collator
 
             return default_data_collator
         from transformers import DataCollatorForMultipleChoice
 
-        mixed = config.mixed_precision(native_bf16) is not None
-        return DataCollatorForMultipleChoice(
-            tokenizer=tokenizer, pad_to_multiple_of=8 if mixed else None
-        )
+        return DataCollatorForMultipleChoice(tokenizer=tokenizer, pad_to_multiple_of=pad_multiple)
 
     def metrics(self) -> BatchMetrics:
         from lmctl.metrics import BatchMetrics
