@@ -17,11 +17,10 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-    from lmctl.config.base import TrainConfig
+    from lmctl.config.base import FastPathName, TrainConfig
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
     from lmctl.metrics.lm_head import TiledHead
-    from lmctl.models.fastpaths import FastPaths
 
 
 class Objective(ABC):
@@ -44,6 +43,9 @@ class Objective(ABC):
     streams_records: ClassVar[bool] = False
     #: Whether the model is given the tokenizer's segment ids (``token_type_ids``).
     segment_ids: ClassVar[bool] = True
+    #: The fast training losses this objective can take (:mod:`lmctl.fastpaths.losses`), the
+    #: preferred first; the first that is on and fits the model is installed.
+    training_losses: ClassVar[tuple[FastPathName, ...]] = ()
 
     def embedded_default(self) -> dict[str, Any] | None:
         """Values that make ``lmctl train <name>`` run with no model and no data, if any."""
@@ -83,11 +85,6 @@ class Objective(ABC):
         self, config: TrainConfig, model_config: PretrainedConfig, console: Console
     ) -> None:
         """Adjust the model config for this objective before the model is built (saying so)."""
-        return
-
-    def prepare_for_training(self, config: TrainConfig, model: Any, paths: FastPaths) -> None:
-        """Install this objective's fast training paths on a built model, through ``paths``
-        (which decides where each runs, and says so)."""
         return
 
     def head_split(self, model: Any, inputs: dict[str, Any]) -> TiledHead | None:
