@@ -108,6 +108,7 @@ def _train(
                 f"entries lmctl did not write: {', '.join(others)}"
             )
         rundir.write_config(run_dir, config)
+        rundir.write_json(run_dir / rundir.FAST_PATHS_FILE, prepared.fast_paths.record())
         if restarted():
             record_restart(run_dir, rundir.resume_checkpoint(config), console)
     console.info(f"run directory: {shown}")
