@@ -194,7 +194,7 @@ def render(
     lines += [
         "",
         "A path is on by default on CUDA only where these figures show it faster (its row "
-        "in `src/lmctl/models/fastpaths.py` names the device types it was measured faster "
+        "in `src/lmctl/fastpaths/table.py` names the device types it was measured faster "
         "on). MFU counts 6N + 12 L T d "
         "FLOP per token (N: parameters less the position embeddings, L layers, T tokens per "
         "sample, d hidden size), whatever a path skips (the masked head computes the "

@@ -13,7 +13,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.activations import FastGELUActivation, GELUTanh, NewGELUActivation
 
-from lmctl.models.activations import fuse_tanh_gelu
+from lmctl.fastpaths.activations import fuse_tanh_gelu
 
 
 def _gpt2(activation: str = "gelu_new") -> GPT2LMHeadModel:

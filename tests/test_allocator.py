@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lmctl.allocator import is_glibc
+from lmctl.fastpaths.allocator import is_glibc
 from tests.conftest import tiny_clm_args
 
 pytestmark = pytest.mark.skipif(not is_glibc(), reason="the allocator settings are glibc's")

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
 
-from lmctl.metrics.lm_head import masked_training_loss, tile_training_loss
-from lmctl.models.embedding import sparse_tied_embedding_gradient
+from lmctl.fastpaths.embedding import sparse_tied_embedding_gradient
+from lmctl.fastpaths.losses import masked_training_loss, tile_training_loss
 
 
 def _gpt2(**extra: object) -> GPT2LMHeadModel:

@@ -22,8 +22,8 @@ from transformers import (
     GPT2LMHeadModel,
 )
 
-from lmctl.models import dropout as fast
-from lmctl.models.dropout import ATTENTION, draw_scale, dropout, train_with_fast_dropout
+from lmctl.fastpaths import dropout as fast
+from lmctl.fastpaths.dropout import ATTENTION, draw_scale, dropout, train_with_fast_dropout
 
 
 @pytest.fixture

@@ -18,14 +18,14 @@ from lmctl.config.base import FastPathName
 from lmctl.config.loader import build_config
 from lmctl.engine.optim import make_optimizer
 from lmctl.errors import ConfigError
-from lmctl.models import fastpaths
-from lmctl.models.dropout import CpuDropout
-from lmctl.models.fastpaths import PATHS, TABLE, FastPaths, Setting, decide
+from lmctl.fastpaths import table as fastpaths
+from lmctl.fastpaths.dropout import CpuDropout
+from lmctl.fastpaths.install import install_fast_paths
+from lmctl.fastpaths.table import PATHS, TABLE, FastPaths, Setting, decide
 from lmctl.objectives.clm import OBJECTIVE as CLM
 from lmctl.objectives.clm import ClmConfig
 from lmctl.objectives.mlm import OBJECTIVE as MLM
 from lmctl.objectives.mlm import MlmConfig
-from lmctl.pipeline import install_fast_paths
 
 from .conftest import lmctl
 
@@ -333,7 +333,7 @@ def test_the_fused_linear_loss_is_wired_to_give_the_models_own_loss_and_gradient
     import sys
     import types
 
-    from lmctl.metrics.lm_head import fused_linear_training_loss
+    from lmctl.fastpaths.losses import fused_linear_training_loss
 
     calls: list[str] = []
 

@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("lmctl.engine", "lmctl.evaluation", "lmctl.publish", "lmctl.mirror", "lmctl.pipeline"),
     ("lmctl.objectives", "lmctl.run"),
     ("lmctl.data", "lmctl.models"),
+    ("lmctl.fastpaths",),
     ("lmctl.config",),
     ("lmctl.storage",),
     (
@@ -30,7 +31,6 @@ LAYERS: list[tuple[str, ...]] = [
         "lmctl.resources",
         "lmctl.secrets",
         "lmctl.environment",
-        "lmctl.allocator",
         "lmctl",
     ),
 ]

@@ -9,14 +9,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from lmctl.metrics.lm_head import (
-    TiledHead,
-    masked_training_loss,
-    next_token_loss,
-    next_token_scores,
-    prediction_head,
-    tile_training_loss,
-)
+from lmctl.fastpaths.losses import masked_training_loss, next_token_loss, tile_training_loss
+from lmctl.metrics.lm_head import TiledHead, next_token_scores, prediction_head
 
 
 def _model(vocab: int = 301) -> GPT2LMHeadModel:

@@ -202,7 +202,7 @@ def test_swag_from_scratch_with_custom_columns(tmp_path: Path, wordpiece_tokeniz
         "--max-steps", "10", "--fast-paths", "fast-dropout", "--output-dir", out, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    # named, every dropout is drawn by lmctl.models.dropout; nothing of it is saved
+    # named, every dropout is drawn by lmctl.fastpaths.dropout; nothing of it is saved
     assert "on: fast-dropout (named by --fast-paths)" in " ".join(proc.stderr.split())
     assert "lmctl" not in (out / "config.json").read_text()
     assert isinstance(AutoModelForMultipleChoice.from_pretrained(out), BertForMultipleChoice)

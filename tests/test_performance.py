@@ -155,7 +155,7 @@ def test_fused_adamw_takes_the_same_steps_as_the_loop(tmp_path: Path) -> None:
     import torch
 
     from lmctl.engine.optim import make_optimizer
-    from lmctl.models.fastpaths import fused_adamw_available
+    from lmctl.fastpaths.table import fused_adamw_available
 
     if not fused_adamw_available("cpu"):
         pytest.skip("no fused AdamW kernel for this device in this torch build")

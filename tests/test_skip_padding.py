@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from lmctl.models.padding import LEAST_PADDING, PaddingFreeLinear, skip_padding
+from lmctl.fastpaths.padding import LEAST_PADDING, PaddingFreeLinear, skip_padding
 
 from .conftest import corpus_lines, lmctl
 

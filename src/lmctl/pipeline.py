@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed
-from lmctl.allocator import keep_freed_blocks
 from lmctl.config.slices import (
     Access,
     AdapterSpec,
@@ -28,13 +27,11 @@ from lmctl.config.slices import (
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.data.prepared import cache_root
 from lmctl.distributed import native_bf16
-from lmctl.models.activations import fuse_tanh_gelu
+from lmctl.fastpaths.allocator import keep_freed_blocks
+from lmctl.fastpaths.install import install_fast_paths
+from lmctl.fastpaths.table import FastPaths
 from lmctl.models.build import build_model
 from lmctl.models.config import build_model_config
-from lmctl.models.dropout import train_with_fast_dropout
-from lmctl.models.embedding import sparse_tied_embedding_gradient
-from lmctl.models.fastpaths import FastPaths
-from lmctl.models.padding import skip_padding
 from lmctl.models.plugins import load_plugins
 from lmctl.models.tokenizer import leave_out_segment_ids, load_tokenizer, tokenizer_source
 from lmctl.run.checkpoints import resume_checkpoint
@@ -70,7 +67,7 @@ class Prepared:
     eval_dataset: Dataset | None
     collator: Any
     eval_collator: Any
-    #: Which fast paths run (:mod:`lmctl.models.fastpaths`); the engines ask it too.
+    #: Which fast paths run (:mod:`lmctl.fastpaths`); the engines read fused AdamW from it.
     fast_paths: FastPaths
     #: Tokens per training sample when batches are grouped by length (else None).
     train_lengths: list[int] | None = None
@@ -188,29 +185,6 @@ def prepare_data(config: TrainConfig, objective: Objective, console: Console) ->
     )
 
 
-def install_fast_paths(
-    paths: FastPaths, config: TrainConfig, objective: Objective, model: Any
-) -> None:
-    """Install on a built ``model`` the fast paths that ``paths`` turns on and the model fits
-    (training's only where it trains); the others leave the model's own code in place."""
-    paths.apply("fused-gelu", lambda: fuse_tanh_gelu(model), "the model has no tanh GELU in Python")
-    if not config.do_train:
-        return
-    objective.prepare_for_training(take(objective.options_class, config), model, paths)
-    paths.apply(
-        "skip-padding",
-        lambda: skip_padding(model),
-        "not an encoder whose padding only attention masks (BERT, RoBERTa, DistilBERT, ELECTRA)",
-    )
-    paths.apply("fast-dropout", lambda: train_with_fast_dropout(model), "the model has no dropout")
-    paths.apply(
-        "sparse-embedding",
-        lambda: sparse_tied_embedding_gradient(model),
-        "no trained input embedding tied to the output layer",
-    )
-    paths.fused_adamw()
-
-
 def prepare(
     config: TrainConfig,
     objective: Objective,
@@ -221,7 +195,7 @@ def prepare(
 ) -> Prepared:
     """Everything a run needs; ``random_head_ok=False`` refuses to evaluate a model that lacks
     the objective's head (see :func:`lmctl.models.build.build_model`). The fast paths
-    (:mod:`lmctl.models.fastpaths`) are installed here, and said in one line."""
+    (:mod:`lmctl.fastpaths`) are decided and installed here, and those on said in one line."""
     paths = FastPaths.of(config)
     # Before the model and its first step allocate.
     paths.apply("allocator", keep_freed_blocks, "the C library is not glibc")
@@ -239,7 +213,7 @@ def prepare(
         random_head_ok=random_head_ok,
     )
     install_fast_paths(paths, config, objective, model)
-    console.info(paths.summary())
+    console.info(paths.summary(brief=True))
     lengths = None
     train = prepared.train_dataset
     if (

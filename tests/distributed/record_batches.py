@@ -63,7 +63,7 @@ def _recording(forward: Any) -> Any:
 
 
 def _recording_hidden(hidden: Any) -> Any:
-    """The body's pass of a training loss taken from the hidden states (lmctl.metrics.lm_head),
+    """The body's pass of a training loss taken from the hidden states (lmctl.fastpaths.losses),
     which runs instead of the model's own forward: its inputs still hold the labels."""
 
     @functools.wraps(hidden)

@@ -23,7 +23,7 @@ Engine = Literal["trainer", "accelerate"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 FsdpSharding = Literal["full", "hybrid", "grad-op"]
 Launcher = Literal["torchrun", "accelerate"]
-#: lmctl's faster ways to train the same model (``lmctl.models.fastpaths`` decides where each
+#: lmctl's faster ways to train the same model (``lmctl.fastpaths`` decides where each
 #: runs); ``--fast-paths`` takes ``auto``, ``off`` or a comma-separated list of these.
 FastPathName = Literal[
     "tiled-loss",

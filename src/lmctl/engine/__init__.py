@@ -124,6 +124,7 @@ def _train(
                 f"entries lmctl did not write: {', '.join(others)}"
             )
         rundir.write_config(run_dir, config)
+        rundir.write_json(run_dir / rundir.FAST_PATHS_FILE, prepared.fast_paths.record())
         if restarted():
             record_restart(
                 run_dir, checkpoints.resume_checkpoint(take(RunDirSpec, config), run_dir), console

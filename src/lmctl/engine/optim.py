@@ -32,7 +32,7 @@ def parameter_groups(model: Any, weight_decay: float) -> list[dict[str, Any]]:
 
 def make_optimizer(config: TrainConfig, model: Any, *, fused: bool) -> Any:
     """AdamW; ``fused``: torch's fused kernel (the same update, fewer passes over memory),
-    as the fast-path table decides (``lmctl.models.fastpaths``); else torch's default
+    as the run's fast paths decide (``lmctl.fastpaths``); else torch's default
     implementation for the device, as upstream's script builds it."""
     import torch
 

@@ -29,7 +29,6 @@ from lmctl.engine.common import (
 )
 from lmctl.engine.sharding import trainer_options
 from lmctl.errors import ConfigError
-from lmctl.models.fastpaths import FastPaths
 from lmctl.objectives.collate import SeededCollator
 from lmctl.run.signals import StopRequest
 from lmctl.storage.paths import local_folder
@@ -71,9 +70,9 @@ def check(config: TrainConfig) -> None:
         )
 
 
-def training_arguments(config: TrainConfig, run_dir: Path, paths: FastPaths | None = None) -> Any:
-    """The Trainer's arguments for ``config``; ``paths``: the run's fast paths (default: the
-    table's decision for ``config``)."""
+def training_arguments(config: TrainConfig, run_dir: Path, *, fused_adamw: bool = False) -> Any:
+    """The Trainer's arguments for ``config``; ``fused_adamw``: the run's fast paths chose
+    torch's fused AdamW (otherwise the Trainer's default optimizer)."""
     from transformers import TrainingArguments
 
     precision = config.mixed_precision(native_bf16)
@@ -118,7 +117,7 @@ def training_arguments(config: TrainConfig, run_dir: Path, paths: FastPaths | No
         # (special-tokens masks, offsets), which are not model arguments.
         "remove_unused_columns": False,
     }
-    if (paths or FastPaths.of(config)).fused_adamw():
+    if fused_adamw:
         values["optim"] = "adamw_torch_fused"
     if _cpu_only() and (precision == "bf16" or distributed.world_size() > 1):
         # The Trainer runs bf16 autocast on the CPU, and several processes train together on
@@ -498,7 +497,8 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
     from lmctl.run import rundir
 
     config = prepared.config
-    args = training_arguments(config, prepared.run_dir, prepared.fast_paths)
+    fused = prepared.fast_paths.fused_adamw()
+    args = training_arguments(config, prepared.run_dir, fused_adamw=fused)
     reporter = StepReporter(console, prepared.run_dir, stop, is_main=args.process_index == 0)
     metrics = prepared.objective.metrics()
     reporting = _callback_class()(reporter)

@@ -1,5 +1,5 @@
 """The model config (config), tokenizer (tokenizer) and model (build, adapters) of a run, all
 loaded by name through pretrained; custom architectures from modules or entry points
-(plugins); and the table of fast training paths that decides where each runs (fastpaths).
+(plugins).
 
 May import config, storage and the bottom layer; never the objectives (they hand themselves in)."""

@@ -20,10 +20,10 @@ if TYPE_CHECKING:
 
     from lmctl.config.base import TrainConfig
     from lmctl.config.slices import Access, DataSpec, LoopSpec, ModelSpec
+    from lmctl.config.values import FastPathName
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
     from lmctl.metrics.lm_head import TiledHead
-    from lmctl.models.fastpaths import FastPaths
 
 OptionsT = TypeVar("OptionsT")
 
@@ -52,6 +52,9 @@ class Objective(ABC, Generic[OptionsT]):
     segment_ids: ClassVar[bool] = True
     #: Whether the collator draws at random (masks, permutations).
     random_batches: ClassVar[bool] = False
+    #: The fast training losses this objective can take (:mod:`lmctl.fastpaths.losses`), the
+    #: preferred first; the first that is on and fits the model is installed.
+    training_losses: ClassVar[tuple[FastPathName, ...]] = ()
 
     def embedded_default(self) -> dict[str, Any] | None:
         """Values that make ``lmctl train <name>`` run with no model and no data, if any."""
@@ -93,11 +96,6 @@ class Objective(ABC, Generic[OptionsT]):
 
     def adapt_model_config(self, model_config: PretrainedConfig, console: Console) -> None:
         """Adjust the model config for this objective before the model is built (saying so)."""
-        return
-
-    def prepare_for_training(self, options: OptionsT, model: Any, paths: FastPaths) -> None:
-        """Install this objective's fast training paths on a built model, through ``paths``
-        (which decides where each runs, and says so)."""
         return
 
     def head_split(self, model: Any, inputs: dict[str, Any]) -> TiledHead | None:

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
     from lmctl.metrics.lm_head import TiledHead
-    from lmctl.models.fastpaths import FastPaths
 
 
 class ClmConfig(TrainConfig):
@@ -62,6 +61,9 @@ def _next_token(predictions: Any, labels: Any) -> tuple[Any, Any]:
 class Clm(Objective[ClmOptions]):
     name = "clm"
     shifts_labels = True
+    # The loss from the output layer chunk by chunk, without the full-vocabulary logits: by
+    # liger-kernel's fused kernels on a GPU, in tiles of PyTorch matmuls on a CPU.
+    training_losses = ("fused-linear-loss", "tiled-loss")
     summary = "Causal language modelling (GPT-2, Llama, ...)"
     task_tag = "text-generation"
     config_class = ClmConfig
@@ -98,27 +100,6 @@ class Clm(Objective[ClmOptions]):
                 "is_decoder=True, so that each token attends only to those before it (its "
                 "pretrained weights, if any, were learnt attending both ways)"
             )
-
-    def prepare_for_training(self, options: ClmOptions, model: Any, paths: FastPaths) -> None:
-        """The training loss is taken from the output layer chunk by chunk where the model's
-        logits allow it (:mod:`lmctl.metrics.lm_head`): same loss and gradients, without
-        the full-vocabulary logits; by liger-kernel's fused kernels on a GPU, in tiles of
-        PyTorch matmuls on a CPU."""
-        from lmctl.metrics.lm_head import fused_linear_training_loss, tile_training_loss
-
-        if paths.apply(
-            "fused-linear-loss",
-            lambda: fused_linear_training_loss(model),
-            "liger-kernel is not installed (pip install 'lmctl[liger]'), or the model's "
-            "logits are not its body's through a linear output layer",
-        ):
-            paths.set_off("tiled-loss", "fused-linear-loss computes the loss")
-            return
-        paths.apply(
-            "tiled-loss",
-            lambda: tile_training_loss(model),
-            "the model's logits are not its body's through a linear output layer",
-        )
 
     def head_split(self, model: Any, inputs: dict[str, Any]) -> TiledHead | None:
         from lmctl.metrics.lm_head import TiledHead

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from lmctl.console import Console
     from lmctl.metrics import BatchMetrics
     from lmctl.metrics.lm_head import TiledHead
-    from lmctl.models.fastpaths import FastPaths
 
 
 class MlmConfig(LineByLineConfig):
@@ -114,6 +113,8 @@ class Mlm(Objective[MlmOptions]):
     random_batches = True
     tokenizer_algorithm = "wordpiece"
     example_models = "bert, roberta, distilbert, albert"
+    # The prediction head on the masked positions only.
+    training_losses = ("masked-head",)
 
     def auto_model_class(self) -> Any:
         from transformers import AutoModelForMaskedLM
@@ -143,17 +144,6 @@ class Mlm(Objective[MlmOptions]):
                 f"{source}: --whole-word-mask needs a fast tokenizer (word offsets)",
                 "use a tokenizer with a tokenizer.json, or drop --whole-word-mask",
             )
-
-    def prepare_for_training(self, options: MlmOptions, model: Any, paths: FastPaths) -> None:
-        """The prediction head runs on the masked positions only, where the model's logits
-        allow it (:mod:`lmctl.metrics.lm_head`): same loss and gradients."""
-        from lmctl.metrics.lm_head import masked_training_loss
-
-        paths.apply(
-            "masked-head",
-            lambda: masked_training_loss(model),
-            "the model's logits are not its body's through one prediction head",
-        )
 
     def head_split(self, model: Any, inputs: dict[str, Any]) -> TiledHead | None:
         from lmctl.metrics.lm_head import TiledHead, prediction_head

@@ -15,6 +15,7 @@ from lmctl.storage.atomic import atomic_write
 
 METRICS_LOG = "metrics.jsonl"
 STATE_FILE = "trainer_state.json"
+FAST_PATHS_FILE = "fast_paths.json"
 
 
 def finished_step(path: Path) -> int | None:

@@ -6,6 +6,8 @@ train_results.json    upstream-compatible result files (``lmctl eval`` writes
 eval_results.json     eval_results.json only when absent, see lmctl.evaluation)
 all_results.json
 trainer_state.json    written by the engine
+fast_paths.json       the fast paths of the run's last start: its setting, and each path
+                      asked about, on or off and why (lmctl.fastpaths)
 checkpoint-<step>/    checkpoints (the newest complete one is used to resume), each written
                       under a hidden .tmp-* name and renamed when complete, with a manifest
                       (lmctl_checkpoint.json) of its files and sizes

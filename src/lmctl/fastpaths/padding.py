@@ -17,10 +17,7 @@ It applies while the model trains (evaluation runs the model's own forward), to 
 an ``attention_mask`` and at least :data:`LEAST_PADDING` of its positions padding, and only
 where every padding position's label, if the batch has labels per position, is -100 and every
 sequence starts with a real position (a pooler or a multiple-choice head reads the first). The
-modules keep their weights and the saved model is the model's own. Where it runs is the
-fast-path table's decision (:mod:`lmctl.models.fastpaths`).
-
-Bottom layer: imports nothing else of lmctl.
+modules keep their weights and the saved model is the model's own.
 """
 
 from __future__ import annotations

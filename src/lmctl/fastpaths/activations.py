@@ -9,8 +9,6 @@ GPT-2 4 x 256 training step (8 x 128 tokens, two CPU cores) takes about 6% less 
 
 The activation modules hold no weights and the config is untouched, so what is saved is the
 model's own.
-
-Bottom layer: imports nothing else of lmctl.
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@ step maps them and faults their pages in again each time. Raising both threshold
 freed blocks for the next step: ``lmctl train clm`` on a 20.6M-parameter GPT-2 (5 x 384, batch
 8 x 128, 40 steps) ran 8% faster (train_runtime medians 21.4 against 23.3 s) with a peak RSS
 2% higher. Freed blocks under those sizes are reused within the process and go back to the
-system when it exits. Bottom layer: imports nothing else of lmctl.
+system when it exits.
+
+Process-wide: the thresholds hold for the rest of the process, past the end of the run (glibc
+has no way back to its self-adjusting default once they are set).
 """
 
 from __future__ import annotations

@@ -24,9 +24,11 @@ operator a few microseconds (a tiny model's step took twice as long with the who
 under it).
 
 Evaluation and anything saved are the model's own: the state dict is unchanged and the saved
-config names no attention implementation. Where it runs is the fast-path table's decision
-(:mod:`lmctl.models.fastpaths`: measured on a CPU only; an accelerator's dropout is a fused
-kernel), and only CPU tensors are ever drawn this way.
+config names no attention implementation. Only CPU tensors are ever drawn this way (an
+accelerator's dropout is a fused kernel).
+
+Process-wide: the attention function and its mask are registered with transformers under
+:data:`ATTENTION` for the rest of the process; only a model set to that name uses them.
 """
 
 from __future__ import annotations

@@ -16,8 +16,6 @@ Only where the weight is tied and trained in one process: an untied embedding wo
 sparse gradient, which optimizers such as AdamW refuse, and DistributedDataParallel expects
 the gradient layout a module's ``sparse`` flag announces. Nothing saved changes: ``sparse``
 is neither in the state dict nor in the config.
-
-Bottom layer: imports nothing else of lmctl.
 """
 
 from __future__ import annotations
