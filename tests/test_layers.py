@@ -151,3 +151,130 @@ def test_the_checks_catch_a_bad_import(extra: dict[str, set[str]], expected: str
         assert any("lmctl.storage.paths" in line for line in upward_imports(edges))
     else:
         assert find_cycle(edges) is not None
+
+
+#: The document classes: ``TrainConfig`` and the objectives' subclasses of it.
+DOCUMENT_CLASSES = frozenset(
+    {
+        "TrainConfig",
+        "SequenceConfig",
+        "LineByLineConfig",
+        "ClmConfig",
+        "MlmConfig",
+        "PlmConfig",
+        "SwagConfig",
+    }
+)
+#: Where the document may be a parameter: the layers that build and validate it, the entry
+#: points of training and evaluation that slice it, and the writer of ``lmctl.yaml``.
+DOCUMENT_READERS = ("lmctl.config", "lmctl.cli")
+SLICING_FUNCTIONS = frozenset(
+    {
+        ("lmctl.engine", "train"),
+        ("lmctl.evaluation", "evaluate_target"),
+        ("lmctl.run.rundir", "write_config"),
+    }
+)
+
+
+def _names_in(annotation: ast.expr | None) -> set[str]:
+    if annotation is None:
+        return set()
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        annotation = ast.parse(annotation.value, mode="eval").body
+    return {node.id for node in ast.walk(annotation) if isinstance(node, ast.Name)} | {
+        node.attr for node in ast.walk(annotation) if isinstance(node, ast.Attribute)
+    }
+
+
+def document_parameters() -> list[str]:
+    """Functions outside the document's readers that take the document as a parameter."""
+    found = []
+    for module, path in modules().items():
+        if module.startswith(DOCUMENT_READERS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if (module, node.name) in SLICING_FUNCTIONS:
+                continue
+            arguments = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            for argument in arguments:
+                if _names_in(argument.annotation) & DOCUMENT_CLASSES:
+                    found.append(f"{module}.{node.name}({argument.arg})")
+    return found
+
+
+def test_only_the_entry_points_take_the_whole_config() -> None:
+    taking = document_parameters()
+    assert not taking, "functions given the whole TrainConfig, not its slices:\n  " + "\n  ".join(
+        taking
+    )
+
+
+def test_every_config_field_belongs_to_one_slice() -> None:
+    from lmctl.config.base import TrainConfig
+    from lmctl.config.slices import DOCUMENT_ONLY, SHARED_SLICES, field_names
+    from lmctl.objectives import OBJECTIVES, get_objective
+
+    shared = [name for kind in SHARED_SLICES.values() for name in field_names(kind)]
+    assert len(shared) == len(set(shared)), "a field in two slices"
+    assert not set(shared) & set(DOCUMENT_ONLY)
+    assert set(shared) | set(DOCUMENT_ONLY) == set(TrainConfig.model_fields)
+    for name in OBJECTIVES:
+        objective = get_objective(name)
+        own = field_names(objective.options_class)
+        assert not set(own) & set(shared), f"{name}: an option in a shared slice too"
+        assert set(own) | set(shared) | set(DOCUMENT_ONLY) == set(
+            objective.config_class.model_fields
+        ), f"{name}: its options type and its document differ"
+
+
+def test_the_document_check_catches_a_whole_config_parameter(tmp_path: Path) -> None:
+    source = "def f(config: TrainConfig) -> None: ...\ndef g(options: 'MlmConfig') -> None: ...\n"
+    tree = ast.parse(source)
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    assert all(_names_in(f.args.args[0].annotation) & DOCUMENT_CLASSES for f in functions)
+
+
+ROOT = PACKAGE.parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+#: No file of the package or the benchmarks grows past this: a longer one holds a second idea.
+MOST_LINES = 600
+
+
+def benchmark_graph() -> dict[str, set[str]]:
+    """The benchmarks' modules and those of them each imports (anywhere in its body)."""
+    names = {path.stem for path in BENCHMARKS.glob("*.py")}
+    edges: dict[str, set[str]] = {}
+    for path in BENCHMARKS.glob("*.py"):
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                parts = node.module.split(".")
+                if parts[0] == "benchmarks":
+                    found.update(
+                        [parts[1]] if len(parts) > 1 else [alias.name for alias in node.names]
+                    )
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    parts = alias.name.split(".")
+                    if parts[0] == "benchmarks" and len(parts) > 1:
+                        found.add(parts[1])
+        edges[path.stem] = (found & names) - {path.stem}
+    return edges
+
+
+def test_no_import_circle_in_the_benchmarks() -> None:
+    cycle = find_cycle(benchmark_graph())
+    assert cycle is None, "import circle in benchmarks/: " + " -> ".join(cycle or [])
+
+
+def test_no_file_holds_two_ideas() -> None:
+    files = [*PACKAGE.rglob("*.py"), *BENCHMARKS.glob("*.py")]
+    long = {
+        str(path.relative_to(ROOT)): count
+        for path in files
+        if (count := len(path.read_text(encoding="utf-8").splitlines())) > MOST_LINES
+    }
+    assert not long, f"files over {MOST_LINES} lines: {long}"

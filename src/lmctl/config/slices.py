@@ -40,8 +40,6 @@ from lmctl import secrets
 if TYPE_CHECKING:
     from pydantic import SecretStr
 
-    from lmctl.config.base import TrainConfig
-
 Slice = TypeVar("Slice")
 
 #: Fields that only the document keeps: spellings that the validators turn into others.
@@ -292,7 +290,8 @@ class RunSpec:
     options: Any
 
 
-def slice_config(config: TrainConfig, options: type) -> RunSpec:
-    """Cut a validated document into its slices; ``options`` is the objective's options type."""
-    parts = {name: take(kind, config) for name, kind in SHARED_SLICES.items()}
-    return RunSpec(objective=config.objective, options=take(options, config), **parts)
+def slice_config(document: Any, options: type) -> RunSpec:
+    """Cut a validated ``TrainConfig`` into its slices; ``options`` is the objective's options
+    type. (The document's module imports this one, so it is not named in the signature.)"""
+    parts = {name: take(kind, document) for name, kind in SHARED_SLICES.items()}
+    return RunSpec(objective=document.objective, options=take(options, document), **parts)

@@ -1,0 +1,114 @@
+"""The one evaluation loop: of ``lmctl eval`` and of the accelerate engine.
+
+The loop walks the batches, scores each, adds up the sample-weighted loss (the Trainer's
+``eval_loss``) and shows its progress; how a batch is scored is the caller's: in one process
+from the model's body, so that only a tile or one sample's logits are ever held
+(:func:`memory_scorer`), or through a distributed model with the losses and predictions
+gathered across processes (the accelerate engine).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lmctl.fastpaths import TiledHead
+    from lmctl.metrics import BatchMetrics
+    from lmctl.objectives.base import Objective
+
+#: Scores one batch into the metrics it was built with: (the batch's loss times the samples
+#: it counts, those samples).
+Scorer = Callable[[dict[str, Any]], tuple[float, int]]
+
+
+@dataclass
+class Tally:
+    loss_sum: float = 0.0
+    samples: int = 0
+    steps: int = 0
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(self.samples, 1)
+
+
+def evaluation_loop(
+    batches: Iterable[dict[str, Any]],
+    score: Scorer,
+    on_step: Callable[[int], Any],
+) -> Tally:
+    """Score every batch; ``on_step`` is told each step done (the progress display)."""
+    tally = Tally()
+    for step, batch in enumerate(batches, 1):
+        loss_sum, samples = score(batch)
+        tally.loss_sum += loss_sum
+        tally.samples += samples
+        tally.steps = step
+        on_step(step)
+    return tally
+
+
+def model_inputs(model: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A filter for collated batches: the arguments the model's forward accepts, plus labels,
+    as the Trainer keeps them. It runs after the collator, which may read columns that are
+    not model arguments (special-tokens masks, word offsets)."""
+    import inspect
+
+    accepted = set(inspect.signature(model.forward).parameters) | {"label", "label_ids", "labels"}
+
+    def keep(batch: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in batch.items() if key in accepted}
+
+    return keep
+
+
+def memory_scorer(model: Any, objective: Objective, metrics: BatchMetrics, device: Any) -> Scorer:
+    """Scores a batch in one process without its full logits: a model whose logits are its
+    head applied to its body's last hidden states is scored from those states (the
+    objective's ``head_split``): a causal LM tile by tile, a masked LM at its masked positions
+    only; any other model one sample at a time."""
+    keep = model_inputs(model)
+    shifted = objective.shifts_labels
+    tiled: TiledHead | None = None
+    checked = False
+
+    def score(batch: dict[str, Any]) -> tuple[float, int]:
+        nonlocal tiled, checked
+        inputs = {k: v.to(device) if hasattr(v, "to") else v for k, v in keep(batch).items()}
+        size = int(inputs["labels"].shape[0])
+        if not checked:
+            tiled, checked = objective.head_split(model, inputs), True
+        if tiled is not None:
+            scores = tiled.scores(inputs)
+            metrics.add(scores.right, scores.scored)
+            loss = scores.loss_sum / scores.scored if scores.scored else math.nan
+        else:
+            loss = batch_loss(model, inputs, metrics, shifted)
+        return loss * size, size
+
+    return score
+
+
+def batch_loss(model: Any, inputs: dict[str, Any], metrics: Any, shifted: bool) -> float:
+    """The model's loss over a batch, computed one sample at a time.
+
+    A model averages its loss over the batch's scored positions (labels not -100, shifted
+    by one for causal LMs); weighting each sample's loss by its scored positions gives the
+    same number, while only one sample's logits (not the batch's, with the loss's copy of
+    them) are ever held: with a large vocabulary they are most of evaluation's memory.
+    """
+    loss_sum, scored = 0.0, 0
+    for row in range(int(inputs["labels"].shape[0])):
+        sample = {k: v[row : row + 1] if hasattr(v, "shape") else v for k, v in inputs.items()}
+        labels = sample["labels"]
+        count = int(((labels[..., 1:] if shifted else labels) != -100).sum())
+        outputs = model(**sample)
+        metrics.update(outputs.logits, labels)
+        if count:
+            loss_sum += float(outputs.loss) * count
+            scored += count
+        del outputs
+    return loss_sum / scored if scored else math.nan

@@ -1,0 +1,171 @@
+"""What a run learns about where it runs, decided once at its start and handed down.
+
+The precision, the device, the processes and dataloader workers that read the data, the
+checkpoint to continue from and which fast paths run are facts of the machine and the
+launch, not of the document: :func:`resolve_runtime` decides each of them once, where
+training or evaluation starts, and no layer below probes the hardware or reads the
+launcher's environment for them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from lmctl import distributed
+from lmctl.errors import ConfigError
+from lmctl.run import rundir
+
+if TYPE_CHECKING:
+    from lmctl.config.slices import RunSpec
+    from lmctl.console import Console
+    from lmctl.fastpaths import FastPaths
+
+
+@dataclass(frozen=True)
+class Runtime:
+    #: The autocast dtype (None: fp32).
+    precision: Literal["bf16", "fp16"] | None
+    #: The device type this process computes on (cpu, cuda, ...).
+    device: str
+    #: Whether training is told the CPU is its device (bf16 autocast on a CPU, or several
+    #: processes of a machine without an accelerator training together).
+    cpu_only: bool
+    processes: int
+    rank: int
+    #: Dataloader worker processes of each process.
+    workers: int
+    #: The checkpoint training continues from (None: step 0).
+    resume: Path | None
+    fast_paths: FastPaths
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def pad_multiple(self) -> int | None:
+        """Batches are padded to a multiple of 8 under mixed precision (tensor cores)."""
+        return 8 if self.precision is not None else None
+
+    @property
+    def readers(self) -> int:
+        """Readers of a stream: every dataloader worker of every process."""
+        return max(1, self.processes) * max(1, self.workers)
+
+
+def _environment_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+
+
+def device_type(use_cpu: bool) -> str:
+    """The accelerator's device type (cuda, mps, xpu, ...) unless the CPU is asked for
+    (``training_args.use_cpu``, ``accelerate launch --cpu``)."""
+    import torch
+
+    if use_cpu or _environment_flag("ACCELERATE_USE_CPU"):
+        return "cpu"
+    accelerator = (
+        torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    )
+    return accelerator.type if accelerator is not None else "cpu"
+
+
+def wrappers(spec: RunSpec) -> tuple[str, ...]:
+    """What wraps, shards or replaces the model in training (DeepSpeed, FSDP, LoRA, a compiled
+    graph), asked for by lmctl's flags, by ``training_args`` or by an ``accelerate launch``
+    config."""
+    passed = spec.loop.training_args
+    found = [
+        name
+        for name in ("deepspeed", "fsdp", "megatron_lm")
+        if _environment_flag(f"ACCELERATE_USE_{name.upper()}")
+    ]
+    if spec.scale.deepspeed or passed.get("deepspeed"):
+        found.append("deepspeed")
+    if spec.scale.fsdp or passed.get("fsdp"):
+        found.append("fsdp")
+    if spec.adapter.peft:
+        found.append("lora")
+    if spec.compute.torch_compile or passed.get("torch_compile"):
+        found.append("compile")
+    return tuple(dict.fromkeys(found))
+
+
+def resume_point(spec: RunSpec, run_dir: Path, console: Console) -> Path | None:
+    """The checkpoint to continue from: the one named, or with 'auto' the newest complete one
+    (saying which newer ones were skipped, and why). It must have been saved by as many
+    processes as this run has."""
+    named = spec.run_dir.resume_from_checkpoint
+    if named is None or not spec.loop.do_train:
+        return None
+    if named != "auto":
+        checkpoint = Path(named)
+    else:
+        skipped: list[tuple[Path, str]] = []
+        latest = rundir.latest_checkpoint(run_dir, skipped)
+        for candidate, problem in skipped:
+            console.warn(f"skipping {candidate}: {problem}")
+        if latest is None:
+            console.info(f"no checkpoint in {run_dir} yet: starting from step 0")
+            return None
+        console.info(f"resuming from {latest}")
+        checkpoint = latest
+    check_world_size(checkpoint)
+    return checkpoint
+
+
+def check_world_size(checkpoint: Path) -> None:
+    """Refuse to continue a checkpoint on another number of processes: the per-process data
+    order, RNG streams and stream positions it holds would not carry over exactly."""
+    if not checkpoint.is_dir():
+        return
+    saved = rundir.checkpoint_world_size(checkpoint)
+    current = distributed.world_size()
+    if saved is None or saved == current:
+        return
+    raise ConfigError(
+        f"{checkpoint} was saved by {saved} process(es); this run has {current}",
+        f"resume it on {saved}: add --nproc {saved} (or launch with --nproc_per_node "
+        f"{saved}), or start a new run to train on {current}",
+    )
+
+
+def resolve_runtime(spec: RunSpec, run_dir: Path, console: Console) -> Runtime:
+    """Decide, once, what the run computes on and where it continues from."""
+    from lmctl.fastpaths import FastPaths, Setting
+
+    processes = distributed.world_size()
+    if spec.scale.fsdp and spec.loop.do_train and processes == 1:
+        raise ConfigError(
+            "--fsdp shards the model over several processes; this run has one",
+            "add --nproc N (or start it with a launcher), or drop --fsdp",
+        )
+    use_cpu = bool(spec.loop.training_args.get("use_cpu"))
+    device = device_type(use_cpu)
+    precision = spec.compute.mixed_precision(distributed.native_bf16)
+    names = spec.compute.fast_path_names()
+    setting = Setting(
+        device=device,
+        precision=precision or "fp32",
+        engine=spec.loop.engine,
+        wrappers=wrappers(spec),
+        processes=processes,
+        checkpointing=bool(
+            spec.model.gradient_checkpointing
+            or spec.loop.training_args.get("gradient_checkpointing")
+        ),
+        requested=spec.compute.fast_paths if names is None else names,
+    )
+    return Runtime(
+        precision=precision,
+        device=device,
+        cpu_only=use_cpu or (processes > 1 and device == "cpu"),
+        processes=processes,
+        rank=distributed.rank(),
+        workers=spec.loop.dataloader_num_workers,
+        resume=resume_point(spec, run_dir, console),
+        fast_paths=FastPaths.decide(setting),
+    )

@@ -1,0 +1,82 @@
+"""A run's training totals over every segment of it, as its checkpoints record them, so that
+a resumed run reports the mean loss and the runtime of the whole run."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from lmctl.run import rundir
+
+#: Where a checkpoint's ``trainer_state.json`` records the run's training totals so far
+#: (under ``stateful_callbacks``; the Trainer ignores names it does not know).
+RUN_TOTALS = "LmctlRunTotals"
+
+
+@dataclass
+class RunTotals:
+    """Training totals of a run up to a step, over every segment of it (a resumed run goes
+    on from those of its checkpoint)."""
+
+    steps: int = 0
+    #: Sum of the per-step training losses.
+    loss_sum: float = 0.0
+    #: Seconds spent training.
+    runtime: float = 0.0
+
+    def then(self, steps: int, session_loss_sum: float, session_seconds: float) -> RunTotals:
+        """The totals after this session's steps so far."""
+        return RunTotals(steps, self.loss_sum + session_loss_sum, self.runtime + session_seconds)
+
+    def record(self, state: Any) -> None:
+        """Store in a ``TrainerState`` about to be saved into a checkpoint."""
+        extra: Any = state.stateful_callbacks or {}
+        extra[RUN_TOTALS] = asdict(self)
+        state.stateful_callbacks = extra
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: str | None) -> RunTotals | None:
+        """The totals a checkpoint recorded (a fresh run: zero; None: unknown)."""
+        if checkpoint is None:
+            return cls()
+        try:
+            saved = rundir.read_checkpoint_state(Path(checkpoint))
+            data = (saved.get("stateful_callbacks") or {})[RUN_TOTALS]
+            return cls(int(data["steps"]), float(data["loss_sum"]), float(data["runtime"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def whole_run(
+    metrics: dict[str, Any], before: RunTotals | None, global_step: int
+) -> dict[str, Any]:
+    """A session's end-of-training metrics over the whole run: ``train_loss`` is the mean over
+    every step of every segment, ``train_runtime`` their sum; rates stay this session's.
+
+    Without the totals of the checkpoint resumed from (one written by an older lmctl), the
+    loss and runtime are named as this segment's instead.
+    """
+    out = dict(metrics)
+    if before is None:
+        for key in ("train_loss", "train_runtime"):
+            if key in out:
+                out[f"{key}_last_segment"] = out.pop(key)
+        return out
+    if before.steps <= 0 or "train_loss" not in out:
+        return out
+    session = global_step - before.steps
+    out["train_loss"] = (before.loss_sum + out["train_loss"] * session) / max(global_step, 1)
+    out["train_runtime"] = round(before.runtime + out.get("train_runtime", 0.0), 4)
+    return out
+
+
+def recorded_totals(before: RunTotals | None) -> dict[str, Any]:
+    """The end-of-training metrics of a run resumed at its last step, with nothing left to
+    train: the totals its checkpoint recorded (none when it recorded none)."""
+    if before is None or before.steps <= 0:
+        return {}
+    return {
+        "train_loss": before.loss_sum / before.steps,
+        "train_runtime": round(before.runtime, 4),
+    }
