@@ -174,7 +174,7 @@ def test_launcher_commands_with_restarts(tmp_path: Path) -> None:
 
 
 def test_resume_refuses_another_world_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lmctl.engine.common import check_world_size
+    from lmctl.run.runtime import check_world_size
 
     checkpoint = tmp_path / "checkpoint-5"
     checkpoint.mkdir()

@@ -539,7 +539,7 @@ def test_positions_are_refused_by_a_stream_laid_out_otherwise(
 
 
 def test_a_checkpoint_keeps_each_readers_position(tmp_path: Path) -> None:
-    from lmctl.engine.common import StreamRecord
+    from lmctl.data.stream.positions import StreamRecord
 
     readers = {"0:3": [16, 0, 128, 5, 2], "1:0": [12, -1, 0, 0, 12]}
     record = StreamRecord(2, 8, readers, {"workers": 2, "window": 7, "shards": 4})

@@ -18,7 +18,7 @@ from lmctl.cli.params import config_parameters, with_signature
 from lmctl.cli.runner import run_command
 from lmctl.config.base import TrainConfig
 from lmctl.console import Console, OutputOptions
-from lmctl.evaluation import EVAL_FIELDS, objective_fields
+from lmctl.evaluation.target import EVAL_FIELDS, objective_fields
 from lmctl.objectives import OBJECTIVES
 
 HELP = """Evaluate a run directory, one of its checkpoints, or a model directory.

@@ -71,11 +71,15 @@ def run_prepare(
 
             console.write(yaml.safe_dump(resolved, sort_keys=False))
         return {"dry_run": True, "config": resolved}
-    from lmctl.config.slices import DataSpec, take
+    from lmctl.config.slices import slice_config
     from lmctl.data.prepared import cache_root, describe
+    from lmctl.data.stream.sources import Readers
+    from lmctl.distributed import world_size
     from lmctl.pipeline import prepare_data
 
-    prepared = prepare_data(config, objective, console)
+    spec = slice_config(config, objective.options_class)
+    readers = Readers(world_size(), spec.loop.dataloader_num_workers)
+    prepared = prepare_data(spec, objective, console, readers=readers)
     splits = {
         split: describe(dataset)
         for split, dataset in (
@@ -85,9 +89,9 @@ def run_prepare(
         if dataset is not None
     }
     rows = {split: info["rows"] for split, info in splits.items()}
-    console.summary(f"lmctl prepare {name}: {cache_root(take(DataSpec, config))}", rows)
+    console.summary(f"lmctl prepare {name}: {cache_root(spec.data)}", rows)
     return {
-        "cache_dir": str(cache_root(take(DataSpec, config))),
+        "cache_dir": str(cache_root(spec.data)),
         "splits": splits,
         "data_seconds": round(prepared.data_seconds, 3),
     }

@@ -526,7 +526,7 @@ class TrainConfig(StrictModel):
         from lmctl.config import checks
         from lmctl.config.slices import SHARED_SLICES, take
 
-        cut = {name: take(kind, self) for name, kind in SHARED_SLICES.items()}
+        cut: dict[str, Any] = {name: take(kind, self) for name, kind in SHARED_SLICES.items()}
         model, data, loop = cut["model"], cut["data"], cut["loop"]
         changed = {
             name

@@ -289,9 +289,17 @@ class RunSpec:
     #: The objective's own options (``ClmOptions``, ``MlmOptions``, ...).
     options: Any
 
+    def public_values(self) -> dict[str, Any]:
+        """Every field of the document as this run sees it, but the secrets (the token)."""
+        values: dict[str, Any] = {}
+        for name in [*SHARED_SLICES, "options"]:
+            values.update(vars(getattr(self, name)))
+        values.pop("token", None)
+        return values
+
 
 def slice_config(document: Any, options: type) -> RunSpec:
     """Cut a validated ``TrainConfig`` into its slices; ``options`` is the objective's options
     type. (The document's module imports this one, so it is not named in the signature.)"""
-    parts = {name: take(kind, document) for name, kind in SHARED_SLICES.items()}
+    parts: dict[str, Any] = {name: take(kind, document) for name, kind in SHARED_SLICES.items()}
     return RunSpec(objective=document.objective, options=take(options, document), **parts)

@@ -2,7 +2,8 @@
 
 :func:`train` owns the run directory contract (config, results, model card) and the outcome
 (success, interrupted, non-finite loss); an engine module only runs the loop and returns an
-:class:`~lmctl.engine.common.EngineResult`.
+:class:`~lmctl.engine.lifecycle.EngineResult`; what both engines do around
+their loops is :mod:`lmctl.engine.lifecycle`.
 
 The engine layer may import pipeline, publish, objectives, run and everything below them.
 """
@@ -14,20 +15,10 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl.config.slices import (
-    Access,
-    AdapterSpec,
-    DataSpec,
-    LoopSpec,
-    ModelSpec,
-    OptimizerSpec,
-    PublishSpec,
-    RunDirSpec,
-    take,
-)
-from lmctl.distributed import is_main_process, world_size
-from lmctl.engine.common import NonFiniteLoss, check_world_size
-from lmctl.errors import ConfigError, Interrupted, LmctlError, TrainingFailed
+from lmctl.config.slices import slice_config
+from lmctl.distributed import is_main_process
+from lmctl.engine.lifecycle import NonFiniteLoss
+from lmctl.errors import Interrupted, LmctlError, TrainingFailed
 from lmctl.metrics import loss_metrics
 from lmctl.mirror.fetch import sync_checkpoints
 from lmctl.mirror.upload import mirror_for
@@ -35,28 +26,16 @@ from lmctl.run import card, checkpoints, history, rundir
 from lmctl.run.plots import write_loss_plot
 from lmctl.run.restarts import record_restart, restarted
 from lmctl.run.resume import resume_command
+from lmctl.run.runtime import resolve_runtime
 from lmctl.run.signals import graceful_stop
 from lmctl.storage import atomic
 
 if TYPE_CHECKING:
     from lmctl.config.base import TrainConfig
     from lmctl.console import Console
-    from lmctl.mirror.upload import RunMirror
+    from lmctl.engine.lifecycle import EngineResult
     from lmctl.objectives.base import Objective
-    from lmctl.publish.push import PushAfterTraining
-
-
-def check_processes(config: TrainConfig) -> None:
-    """Before any work: sharding needs several processes, and a checkpoint continues only on
-    the number of processes that saved it."""
-    if config.resume_from_checkpoint not in (None, "auto"):
-        check_world_size(Path(config.resume_from_checkpoint))
-    if config.fsdp and config.do_train and world_size() == 1:
-        raise ConfigError(
-            "--fsdp shards the model over several processes; this run has one",
-            "add --nproc N (or start it with a launcher), or drop --fsdp",
-        )
-
+    from lmctl.pipeline import Prepared
 
 ENGINES: dict[str, str] = {
     "trainer": "lmctl.engine.trainer",
@@ -65,75 +44,78 @@ ENGINES: dict[str, str] = {
 
 
 def train(config: TrainConfig, objective: Objective, console: Console) -> dict[str, Any]:
-    engine = import_module(ENGINES[config.engine])
-    engine.check(config)  # trackers and engine packages, before any work
-    check_processes(config)
+    """Train as ``config`` says: the one place below the command line that reads the whole
+    document, to write it into the run directory and to cut it into the slices that every
+    layer below receives."""
+    spec = slice_config(config, objective.options_class)
+    engine = import_module(ENGINES[spec.loop.engine])
+    engine.check(spec)  # trackers and engine packages, before any work
     main = is_main_process()
     publication = None
-    if config.push_to is not None and main:
+    if spec.publish.push_to is not None and main:
         from lmctl.publish.push import PushAfterTraining
 
-        publication = PushAfterTraining(take(PublishSpec, config), take(Access, config), console)
+        publication = PushAfterTraining(spec.publish, spec.access, console)
         publication.check()  # a permission problem fails now, not after training
-    run_dir = rundir.local_run_dir(take(RunDirSpec, config))
-    if (
-        rundir.per_machine_copies(take(RunDirSpec, config))
-        and config.resume_from_checkpoint == "auto"
-    ):
-        assert config.output_dir is not None
-        sync_checkpoints(config.output_dir, run_dir, console)
-    mirror = mirror_for(
-        take(RunDirSpec, config), run_dir, console, save_total_limit=config.save_total_limit
-    )
+    run_dir = rundir.local_run_dir(spec.run_dir)
+    url = spec.run_dir.output_dir
+    if rundir.per_machine_copies(spec.run_dir) and spec.run_dir.resume_from_checkpoint == "auto":
+        assert url is not None
+        sync_checkpoints(url, run_dir, console)
+    mirror = mirror_for(spec.run_dir, run_dir, console, save_total_limit=spec.loop.save_total_limit)
     if mirror is not None:
         mirror.check()  # a permission problem, or another run there, fails now
     with mirror.uploading() if mirror is not None else contextlib.nullcontext():
-        return _train(
-            config,
-            objective,
-            console,
-            engine,
-            run_dir=run_dir,
-            publication=publication,
-            mirror=mirror,
+        from lmctl.pipeline import prepare
+
+        runtime = resolve_runtime(spec, run_dir, console)
+        # Data, tokenizer and model first: a run that fails to start leaves no directory.
+        prepared = prepare(spec, runtime, objective, run_dir, console)
+        if main:
+            _clear_run_dir(prepared, console)
+            rundir.write_config(run_dir, config)
+            _record_start(prepared, console)
+        # What the user named the run: its local folder, or the storage URL it is uploaded to.
+        shown = str(url) if mirror is not None else str(run_dir)
+        console.info(f"run directory: {shown}")
+        result = _run_engine(engine, prepared, console, shown)
+        if not main:
+            return {"output_dir": shown, "global_step": result.global_step, "metrics": {}}
+        results = _finish_run_dir(prepared, result, console)
+        if mirror is not None:
+            mirror.finish()
+        outcome = {"output_dir": shown, "global_step": result.global_step, "metrics": results}
+        if publication is not None:
+            outcome["push"] = publication.push(run_dir)
+        return outcome
+
+
+def _clear_run_dir(prepared: Prepared, console: Console) -> None:
+    """Remove what ``--overwrite-output-dir`` replaces (and say what was kept)."""
+    others = rundir.prepare_output_dir(prepared.spec.run_dir)
+    if others:
+        console.info(
+            f"--overwrite-output-dir: removed the earlier run's files; kept {len(others)} "
+            f"entries lmctl did not write: {', '.join(others)}"
         )
 
 
-def _train(
-    config: TrainConfig,
-    objective: Objective,
-    console: Console,
-    engine: Any,
-    *,
-    run_dir: Path,
-    publication: PushAfterTraining | None,
-    mirror: RunMirror | None,
-) -> dict[str, Any]:
-    from lmctl.pipeline import prepare
+def _record_start(prepared: Prepared, console: Console) -> None:
+    """The run's fast paths, and a restart where this start is one."""
+    run_dir = prepared.run_dir
+    history.write_json(run_dir / history.FAST_PATHS_FILE, prepared.runtime.fast_paths.record())
+    if restarted():
+        record_restart(run_dir, prepared.runtime.resume, console)
 
-    main = is_main_process()
-    # What the user named the run: its local folder, or the storage URL it is uploaded to.
-    shown = str(config.output_dir) if mirror is not None else str(run_dir)
-    # Data, tokenizer and model first: a run that fails to start leaves no directory behind.
-    prepared = prepare(config, objective, run_dir, console)
-    if main:
-        others = rundir.prepare_output_dir(take(RunDirSpec, config))
-        if others:
-            console.info(
-                f"--overwrite-output-dir: removed the earlier run's files; kept {len(others)} "
-                f"entries lmctl did not write: {', '.join(others)}"
-            )
-        rundir.write_config(run_dir, config)
-        rundir.write_json(run_dir / rundir.FAST_PATHS_FILE, prepared.fast_paths.record())
-        if restarted():
-            record_restart(
-                run_dir, checkpoints.resume_checkpoint(take(RunDirSpec, config), run_dir), console
-            )
-    console.info(f"run directory: {shown}")
+
+def _run_engine(engine: Any, prepared: Prepared, console: Console, shown: str) -> EngineResult:
+    """The engine's loop, and what becomes of a run it could not finish: a non-finite loss, a
+    full disk, a signal."""
+    run_dir, main = prepared.run_dir, prepared.runtime.is_main
     trackers_existed = (run_dir / "runs").exists()
     with graceful_stop() as stop:
         try:
-            result = engine.run(prepared, console, stop)
+            result: EngineResult = engine.run(prepared, console, stop)
         except NonFiniteLoss as exc:
             console.stop_progress()
             if main:
@@ -154,28 +136,33 @@ def _train(
         finally:
             if main:
                 history.record_trackers(run_dir, trackers_existed)
-    if result.interrupted_at is not None:
-        if main:
-            write_loss_plot(run_dir, console)
-        if result.checkpoint is not None:
-            raise Interrupted(
-                f"interrupted by {stop.signal_name}; checkpoint saved at step "
-                f"{result.interrupted_at} in {shown}",
-                f"continue with: {resume_command(shown)}",
-            )
+    if result.interrupted_at is None:
+        return result
+    if main:
+        write_loss_plot(run_dir, console)
+    if result.checkpoint is not None:
         raise Interrupted(
-            f"interrupted by {stop.signal_name} at step {result.interrupted_at}; "
-            f"no checkpoint was saved in {shown}",
-            f"start again with: {rundir.restart_command(config.objective, run_dir)}",
+            f"interrupted by {stop.signal_name}; checkpoint saved at step "
+            f"{result.interrupted_at} in {shown}",
+            f"continue with: {resume_command(shown)}",
         )
-    if not main:
-        return {"output_dir": shown, "global_step": result.global_step, "metrics": {}}
-    if config.peft is not None and config.do_train:
+    raise Interrupted(
+        f"interrupted by {stop.signal_name} at step {result.interrupted_at}; "
+        f"no checkpoint was saved in {shown}",
+        f"start again with: {rundir.restart_command(prepared.spec.objective, run_dir)}",
+    )
+
+
+def _finish_run_dir(prepared: Prepared, result: EngineResult, console: Console) -> dict[str, Any]:
+    """The main process's end of a run: the adapter's files, the results, the model card, the
+    loss plot and, last, the mark that the run finished."""
+    spec, run_dir, objective = prepared.spec, prepared.run_dir, prepared.objective
+    if spec.adapter.peft is not None and spec.loop.do_train:
         from lmctl.models import adapters
 
         # The adapter's run directory also describes the architecture it adapts.
         prepared.model.config.save_pretrained(run_dir)
-        if config.merge_adapter:
+        if spec.adapter.merge_adapter:
             adapters.merge_adapter(
                 run_dir, prepared.tokenizer, objective.auto_model_class(), console
             )
@@ -191,29 +178,19 @@ def _train(
             )
         history.save_results(run_dir, "eval", eval_metrics)
     results = history.load_results(run_dir)
+    facts = card.CardFacts(spec.model, spec.data, spec.adapter, spec.optimizer, spec.loop)
     card.write_model_card(
         run_dir,
-        card.CardFacts(
-            take(ModelSpec, config),
-            take(DataSpec, config),
-            take(AdapterSpec, config),
-            take(OptimizerSpec, config),
-            take(LoopSpec, config),
-        ),
+        facts,
         objective=objective,
         results=results,
         resumed=result.resumed_from is not None,
     )
     write_loss_plot(run_dir, console)
-    if main and config.do_train:
+    if spec.loop.do_train:
         # Last: a run killed before this line is resumed to write what it is missing.
         history.append_metrics(run_dir, {"event": "finished", "step": result.global_step})
-    if mirror is not None:
-        mirror.finish()
-    outcome = {"output_dir": shown, "global_step": result.global_step, "metrics": results}
-    if publication is not None:
-        outcome["push"] = publication.push(run_dir)
-    return outcome
+    return results
 
 
 def _disk_full(run_dir: Path, exc: BaseException) -> TrainingFailed:

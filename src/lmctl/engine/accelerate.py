@@ -21,51 +21,58 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed
-from lmctl.config.slices import RunDirSpec, take
-from lmctl.data.batching import LengthGroupedSampler
-from lmctl.data.stream.positions import stream_cursor
+from lmctl.data.stream.positions import StreamRecord, stream_cursor
 from lmctl.data.tokens import forked_workers
-from lmctl.engine.common import (
+from lmctl.engine.lifecycle import (
     TRACKING_PROJECT,
     EngineResult,
     NonFiniteLoss,
-    RunTotals,
-    StepReporter,
-    StreamRecord,
-    any_process,
+    check_trackers,
     end_processes,
-    recorded_totals,
-    resolve_resume,
-    whole_run,
+    length_sampler,
+    save_checkpoint,
+    save_final_model,
+    stop_agreed,
+    train_samples,
+    training_record,
 )
 from lmctl.engine.optim import Plan, make_optimizer, make_plan, make_scheduler
 from lmctl.engine.sharding import accelerate_plugins
 from lmctl.errors import ConfigError
+from lmctl.evaluation.loop import evaluation_loop
 from lmctl.metrics import predictions_of
-from lmctl.objectives.collate import SeededCollator
 from lmctl.run import checkpoints, history, rundir
+from lmctl.run.progress import StepReporter
 from lmctl.run.signals import StopRequest
-from lmctl.storage import atomic
+from lmctl.run.totals import RunTotals
 
 if TYPE_CHECKING:
-    from lmctl.config.base import TrainConfig
+    from lmctl.config.slices import RunSpec
     from lmctl.console import Console
     from lmctl.pipeline import Prepared
+    from lmctl.run.runtime import Runtime
 
 #: Where a checkpoint's ``trainer_state.json`` records the data position (under
 #: ``stateful_callbacks``); its presence also marks a checkpoint of this engine.
 DATA_POSITION = "AccelerateDataPosition"
 
 
-def check(config: TrainConfig) -> None:
-    """Refuse, before any work, trackers that Accelerate does not know or cannot load."""
-    trackers(config.report_to)
+def check(spec: RunSpec) -> None:
+    """Refuse, before any work, trackers that Accelerate does not know or cannot load
+    (Accelerate would skip them silently)."""
+    from accelerate.tracking import get_available_trackers
+    from accelerate.utils import LoggerType
+
+    available = {tracker.value for tracker in get_available_trackers()}
+    check_trackers(
+        spec.tracking.report_to, set(LoggerType.list()), available, "the accelerate engine"
+    )
 
 
 def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult:
     logging.getLogger("accelerate").setLevel(logging.ERROR)
     session = AccelerateRun(prepared, console, stop)
-    workers = prepared.config.dataloader_num_workers
+    workers = prepared.spec.loop.dataloader_num_workers
     try:
         with forked_workers() if workers else nullcontext():
             return session.run()
@@ -73,39 +80,33 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
         session.close()
 
 
-def make_accelerator(config: TrainConfig, run_dir: Path) -> Any:
-    """An Accelerator for ``config``; a setting it cannot honour becomes a config error.
+def make_accelerator(spec: RunSpec, runtime: Runtime, run_dir: Path) -> Any:
+    """An Accelerator for a run; a setting it cannot honour becomes a config error.
 
     The sampler is seeded per epoch (``seed + epoch``), so the data order of any epoch can be
     replayed on resume, and matches the ``trainer`` engine's. Streaming data is not dispatched
     from the main process: every process reads its own shards. Without --bf16/--fp16 the mixed
-    precision of ``accelerate launch --mixed_precision`` (or its config) applies. Several
-    processes launched on a machine without an accelerator train together on its CPUs
-    (Accelerate alone would run each of them as a separate single-process job).
+    precision of ``accelerate launch --mixed_precision`` (or its config) applies.
     """
-    import torch
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 
-    precision = config.mixed_precision(distributed.native_bf16)
-    cpu_only = bool(config.training_args.get("use_cpu")) or (
-        distributed.world_size() > 1 and not torch.accelerator.is_available()
-    )
+    precision, loop = runtime.precision, spec.loop
     try:
         accelerator = Accelerator(
-            cpu=cpu_only,
-            gradient_accumulation_steps=config.gradient_accumulation_steps,
+            cpu=runtime.cpu_only,
+            gradient_accumulation_steps=loop.gradient_accumulation_steps,
             mixed_precision=precision,
-            log_with=trackers(config.report_to) or None,
+            log_with=list(spec.tracking.report_to) or None,
             project_config=ProjectConfiguration(
                 project_dir=str(run_dir), logging_dir=str(run_dir / "runs")
             ),
             dataloader_config=DataLoaderConfiguration(
-                use_seedable_sampler=True, data_seed=config.seed, dispatch_batches=False
+                use_seedable_sampler=True, data_seed=loop.seed, dispatch_batches=False
             ),
             step_scheduler_with_optimizer=False,
-            dynamo_backend="inductor" if config.torch_compile else None,
-            **accelerate_plugins(config),
+            dynamo_backend="inductor" if spec.compute.torch_compile else None,
+            **accelerate_plugins(spec.scale),
         )
     except (ValueError, ImportError) as exc:
         raise ConfigError(
@@ -121,33 +122,10 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Any:
     return accelerator
 
 
-def trackers(report_to: list[str]) -> list[str]:
-    """The Accelerate trackers named by --report-to; a tracker that is not installed is an
-    error here (Accelerate would silently skip it)."""
-    from accelerate.tracking import get_available_trackers
-    from accelerate.utils import LoggerType
-
-    known = set(LoggerType.list())
-    available = {tracker.value for tracker in get_available_trackers()}
-    for name in report_to:
-        if name not in known:
-            raise ConfigError(
-                f"--report-to {name}: not a tracker the accelerate engine knows",
-                "choose from " + ", ".join(sorted(known)),
-            )
-        if name != "all" and name not in available:
-            raise ConfigError(
-                f"--report-to {name}: its package is not installed",
-                f"pip install {name}, or drop --report-to {name}",
-            )
-    return list(report_to)
-
-
-def tracked_hyperparameters(config: TrainConfig) -> dict[str, Any]:
-    """The resolved config as trackers accept it: scalars only (lists and mappings as text)."""
-    from lmctl.config.loader import dump_config
-
-    values = {"objective": config.objective, **dump_config(config)}
+def tracked_hyperparameters(spec: RunSpec) -> dict[str, Any]:
+    """The run's settings as trackers accept them: scalars only (lists and mappings as text),
+    no secret."""
+    values = {"objective": spec.objective, **spec.public_values()}
     return {
         key: value if isinstance(value, (bool, int, float, str)) else str(value)
         for key, value in values.items()
@@ -174,26 +152,27 @@ class AccelerateRun:
         from transformers import TrainerState
 
         self.prepared = prepared
-        self.config = config = prepared.config
+        spec = prepared.spec
+        self.loop = loop = spec.loop
         self.run_dir = prepared.run_dir
         self.console = console
         self.stop = stop
-        self.accelerator = make_accelerator(config, self.run_dir)
+        self.accelerator = make_accelerator(spec, prepared.runtime, self.run_dir)
         self.is_main = bool(self.accelerator.is_main_process)
         #: Renames each checkpoint into place (see lmctl.run.rundir.commits_checkpoints).
-        self.commits_checkpoints = rundir.commits_checkpoints(take(RunDirSpec, config))
+        self.commits_checkpoints = rundir.commits_checkpoints(spec.run_dir)
         self.reporter = StepReporter(console, self.run_dir, stop, is_main=self.is_main)
-        if config.report_to:
+        if spec.tracking.report_to:
             self.accelerator.init_trackers(
                 TRACKING_PROJECT,
-                config=tracked_hyperparameters(config),
+                config=tracked_hyperparameters(spec),
                 init_kwargs={
                     "wandb": {"name": self.run_dir.name},
                     "mlflow": {"run_name": self.run_dir.name},
                     "trackio": {"name": self.run_dir.name},
                 },
             )
-        set_seed(config.seed)
+        set_seed(loop.seed)
         self.state = TrainerState(
             is_local_process_zero=bool(self.accelerator.is_local_main_process),
             is_world_process_zero=self.is_main,
@@ -233,27 +212,27 @@ class AccelerateRun:
 
     # The loop --------------------------------------------------------------------------------
     def run(self) -> EngineResult:
-        config = self.config
+        loop = self.loop
         result = EngineResult()
-        if config.do_train:
+        if loop.do_train:
             result = self.train()
             if result.interrupted_at is None and self.stop.requested:
                 result.interrupted_at = self.state.global_step
                 result.checkpoint = checkpoints.latest_checkpoint(self.run_dir)
             if result.interrupted_at is not None:
                 return result
-        elif config.do_eval:
+        elif loop.do_eval:
             start = time.time()
             self.model, self.eval_loader = self.accelerator.prepare(
                 self.model, self._loader(self.prepared.eval_dataset, train=False)
             )
             self._preparation_time = round(time.time() - start, 4)
-        if config.do_eval and self.prepared.eval_dataset is not None:
+        if loop.do_eval and self.prepared.eval_dataset is not None:
             self.reporter.end()
             result.eval_metrics = self.evaluate()
             size = _length(self.prepared.eval_dataset)  # a stream has none: count what was seen
             result.eval_metrics["eval_samples"] = size if size is not None else self._eval_count
-        if config.do_train:
+        if loop.do_train:
             self._write_state(self.run_dir)
         elif self.is_main:
             checkpoints.save_tokenizer(self.prepared.tokenizer, self.run_dir)
@@ -261,17 +240,24 @@ class AccelerateRun:
         return result
 
     def train(self) -> EngineResult:
-        acc, config, state = self.accelerator, self.config, self.state
+        acc, loop, state = self.accelerator, self.loop, self.state
+        spec, runtime = self.prepared.spec, self.prepared.runtime
+        optimizer = make_optimizer(
+            spec.optimizer, loop.training_args, self.model, fused=runtime.fast_paths.fused_adamw()
+        )
         self.model, self.optimizer, train_loader, self.eval_loader = acc.prepare(
             self.model,
-            make_optimizer(config, self.model, fused=self.prepared.fast_paths.fused_adamw()),
+            optimizer,
             self._loader(self.prepared.train_dataset, train=True),
             self._loader(self.prepared.eval_dataset, train=False),
         )
-        plan = make_plan(config, _length(train_loader))
-        self.scheduler = acc.prepare(make_scheduler(config, self.optimizer, plan.max_steps))
+        plan = make_plan(loop, _length(train_loader))
+        scheduler = make_scheduler(
+            spec.optimizer, loop.training_args, self.optimizer, plan.max_steps
+        )
+        self.scheduler = acc.prepare(scheduler)
         self._init_state(plan)
-        checkpoint = resolve_resume(config, self.run_dir, self.console)
+        checkpoint = None if runtime.resume is None else str(runtime.resume)
         epoch, batches_done = self._restore(checkpoint) if checkpoint else (0, 0)
         self._announce(plan)
         self._start = time.time()
@@ -286,7 +272,7 @@ class AccelerateRun:
                 self._position = plan.position_after(epoch, index + 1)
                 state.epoch = plan.epoch_progress(epoch, index + 1)
                 saved = self._log_evaluate_save(plan)
-                if self._stop_requested():
+                if stop_agreed(acc, self.stop):
                     self.reporter.end()
                     return EngineResult(
                         global_step=state.global_step,
@@ -298,25 +284,24 @@ class AccelerateRun:
                     break
             else:
                 self._position = (epoch + 1, 0)  # the epoch's data is used up
-            if stepped and config.eval_strategy == "epoch":
+            if stepped and loop.eval_strategy == "epoch":
                 self._evaluate_during_training()
-            if stepped and config.save_strategy == "epoch":
+            if stepped and loop.save_strategy == "epoch":
                 self.save_checkpoint()
             epoch, batches_done = epoch + 1, 0
-        if checkpoint is not None and not self._session_steps:
-            # Resumed right at the end: no step was left, so the run's training metrics are
-            # the totals its checkpoint recorded.
-            self.console.info("the checkpoint was already at the last step; finishing the run")
-            train_metrics = recorded_totals(self._totals_before)
-        else:
-            train_metrics = whole_run(self._train_metrics(), self._totals_before, state.global_step)
+        train_metrics = training_record(
+            self._train_metrics,
+            resumed_from=checkpoint,
+            stepped=self._session_steps > 0,
+            before=self._totals_before,
+            global_step=state.global_step,
+            samples=train_samples(
+                self.prepared.train_dataset, lambda: int(self._update_totals()["samples"])
+            ),
+            console=self.console,
+        )
         self.reporter.end()
         self._save_model()
-        dataset_size = _length(self.prepared.train_dataset)
-        if train_metrics:
-            train_metrics["train_samples"] = (
-                dataset_size if dataset_size is not None else int(self._update_totals()["samples"])
-            )
         return EngineResult(
             train_metrics=train_metrics, global_step=state.global_step, resumed_from=checkpoint
         )
@@ -372,7 +357,7 @@ class AccelerateRun:
     def _log_evaluate_save(self, plan: Plan) -> Path | None:
         """After an optimizer step, in the Trainer's order: progress and log, evaluation,
         checkpoint (also at the last step). Returns the checkpoint saved, if any."""
-        state, config = self.state, self.config
+        state, loop = self.state, self.loop
         last = state.global_step >= plan.max_steps
         self.reporter.step(state.global_step, state.epoch, self._tokens_estimate())
         if state.global_step % plan.logging_steps == 0:
@@ -385,19 +370,19 @@ class AccelerateRun:
             self._log(logs, train_start=self._start)
             self._loss_since_log, self._steps_since_log = 0.0, 0
         if (
-            config.eval_strategy == "steps"
+            loop.eval_strategy == "steps"
             and plan.eval_steps
             and (state.global_step % plan.eval_steps == 0 or last)
         ):
             self._evaluate_during_training()
-        if config.save_strategy == "steps" and (state.global_step % plan.save_steps == 0 or last):
+        if loop.save_strategy == "steps" and (state.global_step % plan.save_steps == 0 or last):
             return self.save_checkpoint()
         return None
 
     def _window_weight(self, index: int, plan: Plan) -> float:
         """Scale making an epoch's last, shorter accumulation window a mean over its own
         batches (Accelerate divides every loss by the full accumulation count)."""
-        accumulation = self.config.gradient_accumulation_steps
+        accumulation = self.loop.gradient_accumulation_steps
         if plan.batches_per_epoch is None or accumulation == 1:
             return 1.0
         tail = plan.batches_per_epoch % accumulation
@@ -417,7 +402,7 @@ class AccelerateRun:
 
     def _clip(self) -> float | None:
         """Clip to --max-grad-norm (0: no clipping) and return the norm before clipping."""
-        limit = self.config.max_grad_norm or math.inf
+        limit = self.prepared.spec.optimizer.max_grad_norm or math.inf
         norm = self.accelerator.clip_grad_norm_(self.model.parameters(), limit)
         return None if norm is None else float(norm)
 
@@ -426,13 +411,6 @@ class AccelerateRun:
 
         if not isinstance(self.scheduler.scheduler, ReduceLROnPlateau):
             self.scheduler.step()
-
-    def _stop_requested(self) -> bool:
-        """A signal seen by any process stops all of them after the same step."""
-        if not any_process(self.accelerator, self.stop.requested):
-            return False
-        self.stop.adopt()
-        return True
 
     # Building blocks -------------------------------------------------------------------------
     def _loader(self, dataset: Any, *, train: bool) -> Any:
@@ -444,30 +422,20 @@ class AccelerateRun:
 
         if dataset is None:
             return None
-        config = self.config
-        # Training collation never draws from the global RNG (see SeededCollator), which is
-        # left to the model and restored exactly on resume.
-        collator = (
-            SeededCollator(self.prepared.collator, config.seed)
-            if train
-            else self.prepared.eval_collator
-        )
-        lengths = self.prepared.train_lengths if train else None
-        batch_size = (
-            config.per_device_train_batch_size if train else config.per_device_eval_batch_size
-        )
-        window = batch_size * config.gradient_accumulation_steps
+        loop = self.loop
+        collator = self.prepared.collator if train else self.prepared.eval_collator
+        batch_size = loop.per_device_train_batch_size if train else loop.per_device_eval_batch_size
+        window = batch_size * loop.gradient_accumulation_steps
+        sampler = length_sampler(self.prepared.train_lengths if train else None, window, loop.seed)
         return DataLoader(
             dataset,
             batch_size=batch_size,
-            sampler=(
-                None if lengths is None else LengthGroupedSampler(lengths, window, config.seed)
-            ),
-            shuffle=train and lengths is None and not isinstance(dataset, IterableDataset),
+            sampler=sampler,
+            shuffle=train and sampler is None and not isinstance(dataset, IterableDataset),
             collate_fn=collator,
-            num_workers=config.dataloader_num_workers,
+            num_workers=loop.dataloader_num_workers,
             pin_memory=torch.cuda.is_available(),
-            generator=torch.Generator().manual_seed(config.seed),
+            generator=torch.Generator().manual_seed(loop.seed),
         )
 
     def _unwrapped(self) -> Any:
@@ -476,11 +444,9 @@ class AccelerateRun:
     def _announce(self, plan: Plan) -> None:
         if not self.is_main:
             return
-        acc, config = self.accelerator, self.config
+        acc, loop = self.accelerator, self.loop
         total = (
-            config.per_device_train_batch_size
-            * acc.num_processes
-            * config.gradient_accumulation_steps
+            loop.per_device_train_batch_size * acc.num_processes * loop.gradient_accumulation_steps
         )
         per_epoch = (
             f"{plan.batches_per_epoch} batches per epoch, " if plan.batches_per_epoch else ""
@@ -554,29 +520,23 @@ class AccelerateRun:
 
     # Evaluation ------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
-        """Eval loss (mean over samples) and the objective's metrics, batch by batch: only
-        one batch's logits are ever held, gathered across processes."""
+        """Eval loss (mean over samples) and the objective's metrics, in the one evaluation
+        loop (:mod:`lmctl.evaluation.loop`): only one batch's logits are ever held, and only
+        its losses and argmax predictions cross processes."""
         import torch
         from transformers.trainer_utils import speed_metrics
 
         acc = self.accelerator
         metrics = self.prepared.objective.metrics()
-        loss_sum, count = 0.0, 0
-        start = time.time()
-        self.model.eval()
-        steps = _length(self.eval_loader)
-        for step, batch in enumerate(self._even(self.eval_loader), 1):
-            self.reporter.eval_step(step, steps)
+
+        def score(batch: dict[str, Any]) -> tuple[float, int]:
             with torch.no_grad():
                 outputs = self.model(**batch)
             losses = acc.gather_for_metrics(
                 outputs.loss.detach().float().repeat(_batch_size(batch))
             )
-            loss_sum += float(losses.sum())
-            count += int(losses.numel())
             labels = batch.get("labels")
             if labels is not None:
-                # Argmax first: only integer predictions cross processes, never logits.
                 predictions = predictions_of(outputs.logits)
                 del outputs
                 predictions = acc.pad_across_processes(predictions, dim=1, pad_index=-100)
@@ -584,15 +544,23 @@ class AccelerateRun:
                 predictions, labels = acc.gather_for_metrics((predictions, labels))
                 if self.is_main:
                     metrics.update(predictions, labels)
+            return float(losses.sum()), int(losses.numel())
+
+        start = time.time()
+        self.model.eval()
+        steps = _length(self.eval_loader)
+        tally = evaluation_loop(
+            self._even(self.eval_loader), score, lambda step: self.reporter.eval_step(step, steps)
+        )
         self.reporter.end_eval()
         self.model.train()
-        self._eval_count = count
-        results: dict[str, Any] = {"eval_loss": loss_sum / max(count, 1)}
+        self._eval_count = count = tally.samples
+        results: dict[str, Any] = {"eval_loss": tally.loss}
         if self.is_main:
             results.update({f"eval_{key}": value for key, value in metrics.compute().items()})
         if self._preparation_time is not None:
             results["eval_model_preparation_time"] = self._preparation_time
-        total_batch = self.config.per_device_eval_batch_size * acc.num_processes
+        total_batch = self.loop.per_device_eval_batch_size * acc.num_processes
         results.update(
             speed_metrics(
                 "eval", start, num_samples=count, num_steps=math.ceil(count / total_batch)
@@ -611,22 +579,19 @@ class AccelerateRun:
 
     # Checkpoints and the final model ---------------------------------------------------------
     def _init_state(self, plan: Plan) -> None:
-        state, config = self.state, self.config
+        state = self.state
         state.max_steps = plan.max_steps
         state.num_train_epochs = plan.epochs if plan.batches_per_epoch else 0
         state.logging_steps = plan.logging_steps
         state.eval_steps = plan.eval_steps or state.eval_steps
         state.save_steps = plan.save_steps
-        state.train_batch_size = config.per_device_train_batch_size
+        state.train_batch_size = self.loop.per_device_train_batch_size
 
     def save_checkpoint(self) -> Path:
-        """``checkpoint-<step>``: Accelerate's full state (model, optimizer, scheduler, RNG of
-        every process), the model config and tokenizer (so the folder loads with
-        ``from_pretrained``), then ``trainer_state.json`` with the data position, last.
-
-        Every process writes into one staging folder that is renamed into place once complete,
-        so a crash never leaves a half-written checkpoint that looks complete.
-        """
+        """``checkpoint-<step>`` (see ``lifecycle.save_checkpoint``): Accelerate's full state
+        (model, optimizer, scheduler, RNG of every process) and each process's stream
+        position, the model config and tokenizer (so the folder loads with
+        ``from_pretrained``), then ``trainer_state.json`` with the data position, last."""
         acc, state = self.accelerator, self.state
         self._update_totals()
         epoch, batches_done = self._position
@@ -635,16 +600,14 @@ class AccelerateRun:
         extra: Any = state.stateful_callbacks or {}
         extra[DATA_POSITION] = {"epoch": epoch, "batches_done": batches_done}
         state.stateful_callbacks = extra
-        final = self.run_dir / f"checkpoint-{state.global_step}"
-        staging = atomic.staging_dir(final, owner="accelerate")
-        if self.commits_checkpoints:
-            atomic.begin_staging(final, owner="accelerate")
-        acc.wait_for_everyone()
-        acc.save_state(str(staging))
-        if self._cursor is not None:
-            StreamRecord.of(epoch, batches_done, self._cursor).write(staging, acc.process_index)
-        acc.wait_for_everyone()
-        if self.is_main:
+
+        def write_parts(staging: Path) -> None:
+            acc.save_state(str(staging))
+            if self._cursor is not None:
+                record = StreamRecord.of(epoch, batches_done, self._cursor)
+                record.write(staging, acc.process_index)
+
+        def write_state(staging: Path) -> None:
             self._unwrapped().config.save_pretrained(staging)
             self._save_generation_config(staging)
             self.prepared.tokenizer.save_pretrained(staging)
@@ -655,11 +618,18 @@ class AccelerateRun:
                     time.time() - self._start,
                 ).record(state)
             history.write_state(state, staging)
-        if self.commits_checkpoints:
-            checkpoints.commit_dir(staging, final)
-            checkpoints.rotate_checkpoints(self.run_dir, self.config.save_total_limit)
-        acc.wait_for_everyone()
-        return final
+
+        return save_checkpoint(
+            self.run_dir,
+            state.global_step,
+            owner="accelerate",
+            commits=self.commits_checkpoints,
+            writes_state=self.is_main,
+            wait=acc.wait_for_everyone,
+            write_parts=write_parts,
+            write_state=write_state,
+            limit=self.loop.save_total_limit,
+        )
 
     def _restore(self, checkpoint: str) -> tuple[int, int]:
         """Load a checkpoint's full state; returns the data position to continue from."""
@@ -674,10 +644,11 @@ class AccelerateRun:
                 f"--resume-from-checkpoint {checkpoint}: not a checkpoint of the accelerate engine",
                 "resume it with the engine that wrote it (--engine trainer), or start a new run",
             )
-        if saved.train_batch_size not in (None, self.config.per_device_train_batch_size):
+        batch_size = self.loop.per_device_train_batch_size
+        if saved.train_batch_size not in (None, batch_size):
             self.console.warn(
                 f"the checkpoint was trained with batch size {saved.train_batch_size}, not "
-                f"{self.config.per_device_train_batch_size}: the data order will not continue "
+                f"{batch_size}: the data order will not continue "
                 "exactly"
             )
         self.accelerator.load_state(str(path))
@@ -700,25 +671,25 @@ class AccelerateRun:
 
     def _save_model(self) -> None:
         """The final model and tokenizer, as ``save_pretrained`` writes them (loadable by
-        plain transformers): staged, then moved into the run directory with its manifest
-        last, so that a crash never leaves a partial model that looks complete."""
+        plain transformers; see ``lifecycle.save_final_model``)."""
         acc = self.accelerator
-        staging = checkpoints.model_staging(self.run_dir, owner="accelerate")
-        if self.is_main:
-            checkpoints.begin_model(self.run_dir, owner="accelerate")
-        acc.wait_for_everyone()
-        state_dict = acc.get_state_dict(self.model)
-        self._unwrapped().save_pretrained(
-            staging,
-            is_main_process=self.is_main,
-            save_function=acc.save,
-            state_dict=state_dict,
+
+        def save(staging: Path) -> None:
+            self._unwrapped().save_pretrained(
+                staging,
+                is_main_process=self.is_main,
+                save_function=acc.save,
+                state_dict=acc.get_state_dict(self.model),
+            )
+
+        save_final_model(
+            self.run_dir,
+            owner="accelerate",
+            is_main=self.is_main,
+            wait=acc.wait_for_everyone,
+            save=save,
+            complete=self.prepared.tokenizer.save_pretrained,
         )
-        acc.wait_for_everyone()  # every process is done with the staging folder
-        if self.is_main:
-            self.prepared.tokenizer.save_pretrained(staging)
-            checkpoints.commit_model(staging, self.run_dir)
-        acc.wait_for_everyone()
 
     def _write_state(self, folder: Path) -> None:
         if self.is_main:

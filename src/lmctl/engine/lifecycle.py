@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl.errors import ConfigError
-from lmctl.run import rundir
+from lmctl.run import checkpoints
 from lmctl.run.totals import RunTotals, recorded_totals, whole_run
 from lmctl.storage import atomic
 
@@ -143,8 +143,8 @@ def save_checkpoint(
     if writes_state:
         write_state(staging)
     if commits:
-        rundir.commit_dir(staging, final)
-        rundir.rotate_checkpoints(run_dir, limit, protect=protect or [])
+        checkpoints.commit_dir(staging, final)
+        checkpoints.rotate_checkpoints(run_dir, limit, protect=protect or [])
     wait()
     return final
 
@@ -161,16 +161,16 @@ def save_final_model(
     """The final model, as ``save_pretrained`` writes it: every process takes part in the save
     (sharded models need it), into a staging folder that the main process completes
     (``complete``) and moves into the run directory with its manifest last."""
-    staging = rundir.model_staging(run_dir, owner=owner)
+    staging = checkpoints.model_staging(run_dir, owner=owner)
     if is_main:
-        rundir.begin_model(run_dir, owner=owner)
+        checkpoints.begin_model(run_dir, owner=owner)
     wait()
     save(staging)
     wait()
     if is_main:
         if complete is not None:
             complete(staging)
-        rundir.commit_model(staging, run_dir)
+        checkpoints.commit_model(staging, run_dir)
     wait()
 
 

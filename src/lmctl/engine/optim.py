@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from lmctl.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
-    from lmctl.config.base import TrainConfig
+    from lmctl.config.slices import LoopSpec, OptimizerSpec
 
 #: Parameters whose names match these get no weight decay (the Trainer's own rule), besides
 #: every parameter of a LayerNorm module.
@@ -30,37 +30,41 @@ def parameter_groups(model: Any, weight_decay: float) -> list[dict[str, Any]]:
     ]
 
 
-def make_optimizer(config: TrainConfig, model: Any, *, fused: bool) -> Any:
+def make_optimizer(
+    spec: OptimizerSpec, training_args: dict[str, Any], model: Any, *, fused: bool
+) -> Any:
     """AdamW; ``fused``: torch's fused kernel (the same update, fewer passes over memory),
     as the run's fast paths decide (``lmctl.fastpaths``); else torch's default
     implementation for the device, as upstream's script builds it."""
     import torch
 
-    extra = config.training_args
+    extra = training_args
     return torch.optim.AdamW(
-        parameter_groups(model, config.weight_decay),
-        lr=config.learning_rate,
+        parameter_groups(model, spec.weight_decay),
+        lr=spec.learning_rate,
         betas=(extra.get("adam_beta1", 0.9), extra.get("adam_beta2", 0.999)),
         eps=extra.get("adam_epsilon", 1e-8),
         fused=True if fused else None,
     )
 
 
-def make_scheduler(config: TrainConfig, optimizer: Any, max_steps: int) -> Any:
+def make_scheduler(
+    spec: OptimizerSpec, training_args: dict[str, Any], optimizer: Any, max_steps: int
+) -> Any:
     """Any --lr-scheduler-type through ``transformers.get_scheduler``, with warmup."""
     from transformers import get_scheduler
 
     warmup = (
-        math.ceil(config.warmup_ratio * max_steps)
-        if config.warmup_ratio is not None
-        else config.warmup_steps
+        math.ceil(spec.warmup_ratio * max_steps)
+        if spec.warmup_ratio is not None
+        else spec.warmup_steps
     )
     return get_scheduler(
-        config.lr_scheduler_type,
+        spec.lr_scheduler_type,
         optimizer,
         num_warmup_steps=warmup,
         num_training_steps=max_steps,
-        scheduler_specific_kwargs=config.training_args.get("lr_scheduler_kwargs") or {},
+        scheduler_specific_kwargs=training_args.get("lr_scheduler_kwargs") or {},
     )
 
 
@@ -88,7 +92,7 @@ class Plan:
         return epoch + batches_done / self.batches_per_epoch
 
 
-def make_plan(config: TrainConfig, batches_per_epoch: int | None) -> Plan:
+def make_plan(loop: LoopSpec, batches_per_epoch: int | None) -> Plan:
     """Step counts as the Trainer computes them: --max-steps overrides epochs; an epoch's last,
     shorter accumulation window still makes an optimizer step."""
     if batches_per_epoch == 0:
@@ -96,19 +100,19 @@ def make_plan(config: TrainConfig, batches_per_epoch: int | None) -> Plan:
             "the training data gives no batch", "use more data or a smaller --block-size"
         )
     if batches_per_epoch is None:
-        if config.max_steps is None:
+        if loop.max_steps is None:
             raise ConfigError(
                 "training data without a known length needs --max-steps", "e.g. --max-steps 1000"
             )
-        max_steps, epochs = config.max_steps, 2**62
+        max_steps, epochs = loop.max_steps, 2**62
     else:
-        steps_per_epoch = math.ceil(batches_per_epoch / config.gradient_accumulation_steps)
-        if config.max_steps is not None:
-            max_steps = config.max_steps
+        steps_per_epoch = math.ceil(batches_per_epoch / loop.gradient_accumulation_steps)
+        if loop.max_steps is not None:
+            max_steps = loop.max_steps
             epochs = math.ceil(max_steps / steps_per_epoch)
         else:
-            max_steps = math.ceil(config.num_train_epochs * steps_per_epoch)
-            epochs = math.ceil(config.num_train_epochs)
+            max_steps = math.ceil(loop.num_train_epochs * steps_per_epoch)
+            epochs = math.ceil(loop.num_train_epochs)
 
     def interval(value: float) -> int:
         return math.ceil(max_steps * value) if value < 1 else int(value)
@@ -117,7 +121,7 @@ def make_plan(config: TrainConfig, batches_per_epoch: int | None) -> Plan:
         batches_per_epoch=batches_per_epoch,
         max_steps=max_steps,
         epochs=epochs,
-        logging_steps=interval(config.logging_steps),
-        eval_steps=interval(config.eval_steps) if config.eval_steps else None,
-        save_steps=interval(config.save_steps),
+        logging_steps=interval(loop.logging_steps),
+        eval_steps=interval(loop.eval_steps) if loop.eval_steps else None,
+        save_steps=interval(loop.save_steps),
     )

@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO and FSDP settings from the config, in the terms each engine takes them.
+"""DeepSpeed ZeRO and FSDP settings of a run (its scale slice), in the terms each engine takes them.
 
 The Trainer reads ``TrainingArguments.deepspeed``/``fsdp``/``fsdp_config``; the Accelerate
 loop takes the same settings as Accelerate plugins. Both engines shard through these
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lmctl.config.base import DEEPSPEED_STAGES
+from lmctl.config.values import DEEPSPEED_STAGES
 from lmctl.resources import deepspeed_config
 
 if TYPE_CHECKING:
-    from lmctl.config.base import TrainConfig
+    from lmctl.config.slices import ScaleSpec
 
 #: ``--fsdp-sharding`` -> the FSDP sharding strategy name both engines understand.
 FSDP_STRATEGIES = {"full": "FULL_SHARD", "hybrid": "HYBRID_SHARD", "grad-op": "SHARD_GRAD_OP"}
@@ -21,50 +21,50 @@ FSDP_STRATEGIES = {"full": "FULL_SHARD", "hybrid": "HYBRID_SHARD", "grad-op": "S
 TRAINER_FSDP = {"full": "full_shard", "hybrid": "hybrid_shard", "grad-op": "shard_grad_op"}
 
 
-def deepspeed_file(config: TrainConfig) -> str | None:
+def deepspeed_file(scale: ScaleSpec) -> str | None:
     """The DeepSpeed config file of ``--deepspeed`` (a stage number names a shipped one)."""
-    if config.deepspeed is None:
+    if scale.deepspeed is None:
         return None
-    if config.deepspeed in DEEPSPEED_STAGES:
-        return str(deepspeed_config(config.deepspeed))
-    return config.deepspeed
+    if scale.deepspeed in DEEPSPEED_STAGES:
+        return str(deepspeed_config(scale.deepspeed))
+    return scale.deepspeed
 
 
-def trainer_options(config: TrainConfig) -> dict[str, Any]:
+def trainer_options(scale: ScaleSpec, gradient_checkpointing: bool) -> dict[str, Any]:
     """``TrainingArguments`` fields for DeepSpeed, FSDP (version 2) and checkpointing."""
     values: dict[str, Any] = {}
-    if config.deepspeed is not None:
-        values["deepspeed"] = deepspeed_file(config)
-    if config.fsdp:
-        words = [TRAINER_FSDP[config.fsdp_sharding]]
-        if config.fsdp_auto_wrap:
+    if scale.deepspeed is not None:
+        values["deepspeed"] = deepspeed_file(scale)
+    if scale.fsdp:
+        words = [TRAINER_FSDP[scale.fsdp_sharding]]
+        if scale.fsdp_auto_wrap:
             words.append("auto_wrap")
-        if config.fsdp_cpu_offload:
+        if scale.fsdp_cpu_offload:
             words.append("offload")
         values["fsdp"] = " ".join(words)
         values["fsdp_config"] = {"version": 2}
-    if config.gradient_checkpointing:
+    if gradient_checkpointing:
         values["gradient_checkpointing"] = True
         # The non-reentrant form works under DDP and FSDP, and with frozen (adapter) weights.
         values["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     return values
 
 
-def accelerate_plugins(config: TrainConfig) -> dict[str, Any]:
+def accelerate_plugins(scale: ScaleSpec) -> dict[str, Any]:
     """``Accelerator`` keyword arguments: a DeepSpeed or FSDP (version 2) plugin."""
-    if config.deepspeed is not None:
+    if scale.deepspeed is not None:
         from accelerate.utils import DeepSpeedPlugin
 
-        return {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=deepspeed_file(config))}
-    if config.fsdp:
+        return {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=deepspeed_file(scale))}
+    if scale.fsdp:
         from accelerate.utils import FullyShardedDataParallelPlugin
 
         return {
             "fsdp_plugin": FullyShardedDataParallelPlugin(
                 fsdp_version=2,
-                reshard_after_forward=config.fsdp_sharding != "grad-op",
-                cpu_offload=config.fsdp_cpu_offload,
-                auto_wrap_policy="transformer_based_wrap" if config.fsdp_auto_wrap else None,
+                reshard_after_forward=scale.fsdp_sharding != "grad-op",
+                cpu_offload=scale.fsdp_cpu_offload,
+                auto_wrap_policy="transformer_based_wrap" if scale.fsdp_auto_wrap else None,
                 state_dict_type="SHARDED_STATE_DICT",
             )
         }

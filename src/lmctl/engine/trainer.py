@@ -1,8 +1,7 @@
-"""The ``trainer`` engine: the transformers ``Trainer``, driven by a validated config."""
+"""The ``trainer`` engine: the transformers ``Trainer``, wired to lmctl's run lifecycle."""
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from contextlib import nullcontext
@@ -10,36 +9,38 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed, secrets
-from lmctl.config.slices import RunDirSpec, take
-from lmctl.data.stream.positions import StreamCursor, stream_cursor
+from lmctl.data.stream.positions import StreamCursor, StreamRecord, stream_cursor
 from lmctl.data.tokens import forked_workers
-from lmctl.distributed import native_bf16
-from lmctl.engine.common import (
+from lmctl.engine.lifecycle import (
     TRACKING_PROJECT,
     EngineResult,
-    NonFiniteLoss,
-    RunTotals,
-    StepReporter,
-    StreamRecord,
-    any_process,
+    check_finite,
+    check_trackers,
     end_processes,
-    recorded_totals,
-    resolve_resume,
-    whole_run,
+    length_sampler,
+    save_checkpoint,
+    save_final_model,
+    stop_agreed,
+    train_samples,
+    training_record,
 )
 from lmctl.engine.sharding import trainer_options
 from lmctl.errors import ConfigError
 from lmctl.objectives.collate import SeededCollator
+from lmctl.run import checkpoints, history, rundir
+from lmctl.run.progress import StepReporter
 from lmctl.run.signals import StopRequest
+from lmctl.run.totals import RunTotals
 from lmctl.storage.paths import local_folder
 
 if TYPE_CHECKING:
-    from lmctl.config.base import TrainConfig
+    from lmctl.config.slices import RunSpec
     from lmctl.console import Console
     from lmctl.pipeline import Prepared
+    from lmctl.run.runtime import Runtime
 
 
-def check(config: TrainConfig) -> None:
+def check(spec: RunSpec) -> None:
     """Refuse, before any work, trackers the Trainer does not know or cannot load, and a
     DeepSpeed config without DeepSpeed."""
     import importlib.util
@@ -49,86 +50,71 @@ def check(config: TrainConfig) -> None:
         get_available_reporting_integrations,
     )
 
-    available = set(get_available_reporting_integrations())
-    for name in config.report_to:
-        if name == "all":
-            continue
-        if name not in INTEGRATION_TO_CALLBACK:
-            raise ConfigError(
-                f"--report-to {name}: not a tracker the Trainer knows",
-                "choose from " + ", ".join(sorted(INTEGRATION_TO_CALLBACK)),
-            )
-        if name not in available:
-            raise ConfigError(
-                f"--report-to {name}: its package is not installed",
-                f"pip install {name.replace('_', '-')}, or drop --report-to {name}",
-            )
-    if config.training_args.get("deepspeed") and importlib.util.find_spec("deepspeed") is None:
+    known, available = set(INTEGRATION_TO_CALLBACK), set(get_available_reporting_integrations())
+    check_trackers(spec.tracking.report_to, known, available, "the Trainer")
+    if spec.loop.training_args.get("deepspeed") and importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(
             "training_args.deepspeed: DeepSpeed is not installed",
             "pip install deepspeed, or remove training_args.deepspeed",
         )
 
 
-def training_arguments(config: TrainConfig, run_dir: Path, *, fused_adamw: bool = False) -> Any:
-    """The Trainer's arguments for ``config``; ``fused_adamw``: the run's fast paths chose
-    torch's fused AdamW (otherwise the Trainer's default optimizer)."""
+def training_arguments(spec: RunSpec, runtime: Runtime, run_dir: Path) -> Any:
+    """The Trainer's arguments for a run: its slices, and its runtime's precision, device and
+    choice of optimizer (torch's fused AdamW where the fast paths chose it)."""
     from transformers import TrainingArguments
 
-    precision = config.mixed_precision(native_bf16)
-    warmup: float = config.warmup_ratio if config.warmup_ratio is not None else config.warmup_steps
+    loop, optimizer, precision = spec.loop, spec.optimizer, runtime.precision
+    warmup = optimizer.warmup_steps if optimizer.warmup_ratio is None else optimizer.warmup_ratio
     values: dict[str, Any] = {
         "output_dir": str(run_dir),
-        "per_device_train_batch_size": config.per_device_train_batch_size,
-        "per_device_eval_batch_size": config.per_device_eval_batch_size,
-        "learning_rate": config.learning_rate,
-        "weight_decay": config.weight_decay,
-        "num_train_epochs": config.num_train_epochs,
-        "max_steps": config.max_steps or -1,
-        "gradient_accumulation_steps": config.gradient_accumulation_steps,
-        "lr_scheduler_type": config.lr_scheduler_type,
+        "per_device_train_batch_size": loop.per_device_train_batch_size,
+        "per_device_eval_batch_size": loop.per_device_eval_batch_size,
+        "learning_rate": optimizer.learning_rate,
+        "weight_decay": optimizer.weight_decay,
+        "num_train_epochs": loop.num_train_epochs,
+        "max_steps": loop.max_steps or -1,
+        "gradient_accumulation_steps": loop.gradient_accumulation_steps,
+        "lr_scheduler_type": optimizer.lr_scheduler_type,
         "warmup_steps": warmup,
-        "max_grad_norm": config.max_grad_norm,
-        "seed": config.seed,
+        "max_grad_norm": optimizer.max_grad_norm,
+        "seed": loop.seed,
         "bf16": precision == "bf16",
         "fp16": precision == "fp16",
-        "torch_compile": config.torch_compile,
-        "dataloader_num_workers": config.dataloader_num_workers,
+        "torch_compile": spec.compute.torch_compile,
+        "dataloader_num_workers": loop.dataloader_num_workers,
         "logging_strategy": "steps",
-        "logging_steps": config.logging_steps,
-        "eval_strategy": config.eval_strategy,
-        "eval_steps": config.eval_steps,
-        "save_strategy": config.save_strategy,
-        "save_steps": config.save_steps,
+        "logging_steps": loop.logging_steps,
+        "eval_strategy": loop.eval_strategy,
+        "eval_steps": loop.eval_steps,
+        "save_strategy": loop.save_strategy,
+        "save_steps": loop.save_steps,
         # Rotation is lmctl's own (see LmctlTrainer._save_checkpoint): the Trainer's would
         # delete the newest checkpoint at the end of a run with --save-total-limit 1.
         "save_total_limit": None,
-        "report_to": config.report_to or "none",
+        "report_to": spec.tracking.report_to or "none",
         "run_name": run_dir.name,
         "project": TRACKING_PROJECT,
-        "do_train": config.do_train,
-        "do_eval": config.do_eval,
+        "do_train": loop.do_train,
+        "do_eval": loop.do_eval,
         "disable_tqdm": True,
         "batch_eval_metrics": True,
         "include_num_input_tokens_seen": True,
         "log_level": "error",
-        "dataloader_pin_memory": not _cpu_only(),
+        "dataloader_pin_memory": runtime.device != "cpu",
         # Objectives' preprocessing keeps exactly the columns their collators read
         # (special-tokens masks, offsets), which are not model arguments.
         "remove_unused_columns": False,
     }
-    if fused_adamw:
+    if runtime.fast_paths.fused_adamw():
         values["optim"] = "adamw_torch_fused"
-    if _cpu_only() and (precision == "bf16" or distributed.world_size() > 1):
-        # The Trainer runs bf16 autocast on the CPU, and several processes train together on
-        # its CPUs (gloo) instead of each as a separate job, only when told the CPU is the
-        # device.
+    if runtime.cpu_only:
         values["use_cpu"] = True
-    values.update(trainer_options(config))
-    values.update(config.training_args)
+    values.update(trainer_options(spec.scale, spec.model.gradient_checkpointing))
+    values.update(loop.training_args)
     if isinstance(values.get("logging_dir"), str):
         values["logging_dir"] = local_folder(values["logging_dir"])  # file:///abs is /abs
-    if config.streaming:
+    if spec.data.streaming:
         # Each rank reads its own shards of the stream (accelerate shards a datasets
         # IterableDataset by its shard list); the default for iterable data, dispatch_batches,
         # would have rank 0 read everything and send slices to the others.
@@ -162,12 +148,6 @@ def public_arguments(args: Any) -> Any:
     return clean
 
 
-def _cpu_only() -> bool:
-    import torch
-
-    return not torch.accelerator.is_available()
-
-
 def _loss_uses_item_count(model: Any) -> bool:
     """Whether ``model``'s forward computes its loss with the item count the Trainer hands it
     (``num_items_in_batch``, through transformers' ``loss_function``) rather than as the mean
@@ -188,9 +168,6 @@ def _make_trainer_class() -> type:
     from transformers import Trainer
     from transformers.trainer_callback import ExportableState
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
-
-    from lmctl.run import checkpoints, history
-    from lmctl.storage import atomic
 
     class LmctlTrainer(Trainer):
         """Stops on a non-finite loss, evaluates with the objective's eval collator, and
@@ -236,70 +213,62 @@ def _make_trainer_class() -> type:
                 self.model_accepts_loss_kwargs = False
 
         def _save_checkpoint(self, model: Any, trial: Any) -> None:
-            """The Trainer's checkpoint, written into a staging folder that is renamed into
-            place once complete (trainer state last), then lmctl's rotation."""
+            """The Trainer's checkpoint, written as every checkpoint of lmctl is (see
+            ``lifecycle.save_checkpoint``), each process's part into its machine's copy."""
             if self.hp_search_backend is None and trial is None:
                 self.store_flos()
             run_dir = Path(self._get_output_dir(trial=trial))
-            final = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            # Every process writes its part (RNG state, shards) into the same staging folder
-            # (its machine's, where every machine keeps its own copy of the run).
-            staging = atomic.staging_dir(final, owner="trainer")
-            if self.commits_checkpoints:
-                atomic.begin_staging(final, owner="trainer")
-            self.accelerator.wait_for_everyone()
-            self.save_model(str(staging), _internal_call=True)
             best_step = self.state.best_global_step
             if best_step and self.args.save_strategy != "no":
                 best = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{best_step}"
                 if best_step == self.state.global_step or best.is_dir():
                     self.state.best_model_checkpoint = str(best)
+            best_checkpoint = self.state.best_model_checkpoint
+            final = save_checkpoint(
+                run_dir,
+                self.state.global_step,
+                owner="trainer",
+                commits=self.commits_checkpoints,
+                writes_state=self.args.should_save,
+                wait=self.accelerator.wait_for_everyone,
+                write_parts=self._write_parts,
+                write_state=self._write_state,
+                limit=self.save_total_limit,
+                protect=[Path(best_checkpoint)] if best_checkpoint else [],
+            )
+            if self.args.push_to_hub:
+                self._push_from_checkpoint(str(final))
+
+        def _write_parts(self, staging: Path) -> None:
+            self.save_model(str(staging), _internal_call=True)
             if not self.args.save_only_model:
                 self._save_optimizer_and_scheduler(str(staging))
                 self._save_scaler(str(staging))
                 self._save_rng_state(str(staging))
             if self.stream_position is not None:
                 self.stream_position.write(staging, self.args.process_index)
-            self.accelerator.wait_for_everyone()
-            if self.args.should_save:
-                exportable = [
-                    cb
-                    for cb in [*self.callback_handler.callbacks, self.control]
-                    if isinstance(cb, ExportableState)
-                ]
-                stateful: Any = self.state.stateful_callbacks
-                for cb in exportable:
+
+        def _write_state(self, staging: Path) -> None:
+            """The callbacks' states and the run's totals, into ``trainer_state.json``."""
+            stateful: Any = self.state.stateful_callbacks
+            for cb in [*self.callback_handler.callbacks, self.control]:
+                if isinstance(cb, ExportableState):
                     name = cb.__class__.__name__
                     if isinstance(stateful.get(name), list):
                         stateful[name].append(cb.state())
                     else:
                         stateful[name] = cb.state()
-                if self.run_totals is not None:
-                    session_loss = self._total_loss_scalar + float(self._tr_loss.item())
-                    self.run_totals.then(
-                        self.state.global_step, session_loss, time.time() - self._session_start
-                    ).record(self.state)
-                history.write_state(self.state, staging)
-            if self.commits_checkpoints:
-                checkpoints.commit_dir(staging, final)
-            self.accelerator.wait_for_everyone()
-            if self.args.push_to_hub:
-                self._push_from_checkpoint(str(final))
-            if self.commits_checkpoints:
-                best_checkpoint = self.state.best_model_checkpoint
-                checkpoints.rotate_checkpoints(
-                    run_dir,
-                    self.save_total_limit,
-                    protect=[Path(best_checkpoint)] if best_checkpoint else [],
-                )
+            if self.run_totals is not None:
+                session_loss = self._total_loss_scalar + float(self._tr_loss.item())
+                self.run_totals.then(
+                    self.state.global_step, session_loss, time.time() - self._session_start
+                ).record(self.state)
+            history.write_state(self.state, staging)
 
         def _get_train_sampler(self, train_dataset: Any = None) -> Any:
-            if self.train_lengths is None:
-                return super()._get_train_sampler(train_dataset)
-            from lmctl.data.batching import LengthGroupedSampler
-
-            batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
-            return LengthGroupedSampler(self.train_lengths, batch, self.args.seed)
+            window = self.args.train_batch_size * self.args.gradient_accumulation_steps
+            sampler = length_sampler(self.train_lengths, window, self.args.seed)
+            return super()._get_train_sampler(train_dataset) if sampler is None else sampler
 
         def _save(self, output_dir: str | None = None, state_dict: Any = None) -> None:
             """The Trainer's save, with ``training_args.bin`` written without secrets."""
@@ -316,10 +285,7 @@ def _make_trainer_class() -> type:
             if self.stream_position is not None and self.stream_position.cursor is not None:
                 self.stream_position.cursor.take(inputs)
             loss = super().training_step(model, inputs, num_items_in_batch)
-            finite = bool(torch.isfinite(loss).all())
-            if any_process(self.accelerator, not finite):
-                value = float(loss.detach().float().mean()) if not finite else math.nan
-                raise NonFiniteLoss(self.state.global_step + 1, value)
+            check_finite(self.accelerator, loss, self.state.global_step + 1)
             return loss
 
         def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
@@ -450,8 +416,8 @@ def _callback_class() -> type:
     class ReportingCallback(TrainerCallback):
         def __init__(self, reporter: StepReporter) -> None:
             self.reporter = reporter
-            #: Turns this process's stop request into the decision of every process.
-            self.agree: Any = lambda requested: requested
+            #: Whether every process stops now (a signal seen by any of them).
+            self.agree: Any = lambda: reporter.stop.requested
             self.eval_steps = 0
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -459,8 +425,7 @@ def _callback_class() -> type:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.reporter.step(state.global_step, state.epoch, state.num_input_tokens_seen)
-            if self.agree(self.reporter.stop.requested):
-                self.reporter.stop.adopt()
+            if self.agree():
                 control.should_save = True
                 control.should_training_stop = True
 
@@ -494,21 +459,16 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
     from transformers import PrinterCallback
 
     from lmctl.metrics import reduce_logits
-    from lmctl.run import rundir
 
-    config = prepared.config
-    fused = prepared.fast_paths.fused_adamw()
-    args = training_arguments(config, prepared.run_dir, fused_adamw=fused)
+    spec, runtime = prepared.spec, prepared.runtime
+    args = training_arguments(spec, runtime, prepared.run_dir)
     reporter = StepReporter(console, prepared.run_dir, stop, is_main=args.process_index == 0)
     metrics = prepared.objective.metrics()
     reporting = _callback_class()(reporter)
     trainer = _make_trainer_class()(
         model=prepared.model,
         args=args,
-        # Random masks and permutations come from the batch, the seed and the epoch, not from
-        # the global RNG: the dataloader collates ahead of the step, so a draw from the global
-        # RNG would depend on how far it had prefetched when a checkpoint was taken.
-        data_collator=SeededCollator(prepared.collator, config.seed),
+        data_collator=prepared.collator,
         train_dataset=prepared.train_dataset,
         eval_dataset=prepared.eval_dataset,
         processing_class=prepared.tokenizer,
@@ -516,20 +476,20 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
         preprocess_logits_for_metrics=reduce_logits,
         callbacks=[reporting],
     )
-    reporting.agree = lambda requested: any_process(trainer.accelerator, requested)
+    reporting.agree = lambda: stop_agreed(trainer.accelerator, stop)
     trainer.eval_collator = prepared.eval_collator
-    trainer.save_total_limit = config.save_total_limit
-    trainer.commits_checkpoints = rundir.commits_checkpoints(take(RunDirSpec, config))
+    trainer.save_total_limit = spec.loop.save_total_limit
+    trainer.commits_checkpoints = rundir.commits_checkpoints(spec.run_dir)
     trainer.train_lengths = prepared.train_lengths
     trainer.remove_callback(PrinterCallback)
-    if config.streaming:
+    if spec.data.streaming:
         cursor = stream_cursor(prepared.train_dataset)
         trainer.stream_position = _stream_position_class()(cursor)
         trainer.add_callback(trainer.stream_position)
 
     try:
-        with _tracker_run(config, prepared.run_dir):
-            return _train_and_evaluate(trainer, prepared, args, console, stop)
+        with _tracker_run(spec.tracking.report_to, prepared.run_dir, runtime.is_main):
+            return _train_and_evaluate(trainer, prepared, console, stop)
     finally:
         _close(trainer)
 
@@ -540,16 +500,13 @@ def _close(trainer: Any) -> None:
     end_processes(trainer.accelerator)
 
 
-def _tracker_run(config: TrainConfig, run_dir: Path) -> Any:
+def _tracker_run(report_to: list[str], run_dir: Path, is_main: bool) -> Any:
     """One MLflow run around training and the final evaluation: the Trainer's callback would
     end its run with training and log the final evaluation to a second, unnamed run."""
     import importlib.util
-    from contextlib import nullcontext
 
-    from lmctl.distributed import is_main_process
-
-    wanted = {"mlflow", "all"} & set(config.report_to)
-    if not wanted or not is_main_process() or importlib.util.find_spec("mlflow") is None:
+    wanted = {"mlflow", "all"} & set(report_to)
+    if not wanted or not is_main or importlib.util.find_spec("mlflow") is None:
         return nullcontext()
     import mlflow
 
@@ -561,77 +518,51 @@ def _tracker_run(config: TrainConfig, run_dir: Path) -> Any:
 
 
 def _train_and_evaluate(
-    trainer: Any, prepared: Prepared, args: Any, console: Console, stop: StopRequest
+    trainer: Any, prepared: Prepared, console: Console, stop: StopRequest
 ) -> EngineResult:
-    from lmctl.run import checkpoints
-
-    config = prepared.config
+    loop, run_dir, args = prepared.spec.loop, prepared.run_dir, trainer.args
     result = EngineResult()
-    if config.do_train:
-        checkpoint = resolve_resume(config, prepared.run_dir, console)
-        with forked_workers() if config.dataloader_num_workers else nullcontext():
+    if loop.do_train:
+        resume = prepared.runtime.resume
+        checkpoint = None if resume is None else str(resume)
+        with forked_workers() if loop.dataloader_num_workers else nullcontext():
             output = trainer.train(resume_from_checkpoint=checkpoint)
         result.resumed_from = checkpoint
         if stop.requested:
             result.interrupted_at = trainer.state.global_step
-            result.checkpoint = checkpoints.latest_checkpoint(prepared.run_dir)
+            result.checkpoint = checkpoints.latest_checkpoint(run_dir)
             return result
-        if checkpoint is not None and trainer.state.global_step <= _step_of(checkpoint):
-            # Interrupted right at the end: nothing was left to train, so the run's training
-            # metrics are the totals its checkpoint recorded (the Trainer would report 0).
-            console.info("the checkpoint was already at the last step; finishing the run")
-            result.train_metrics = recorded_totals(trainer.run_totals)
-        else:
-            result.train_metrics = whole_run(
-                dict(output.metrics), trainer.run_totals, trainer.state.global_step
-            )
-        if result.train_metrics:
-            result.train_metrics["train_samples"] = _train_samples(prepared, args, trainer)
-        _save_final_model(trainer, prepared.run_dir)
-    if config.do_eval:
+        step = trainer.state.global_step
+        result.train_metrics = training_record(
+            lambda: dict(output.metrics),
+            resumed_from=checkpoint,
+            stepped=resume is None or step > checkpoints.checkpoint_step(resume),
+            before=trainer.run_totals,
+            global_step=step,
+            samples=train_samples(
+                prepared.train_dataset,
+                lambda: (
+                    step
+                    * args.per_device_train_batch_size
+                    * args.gradient_accumulation_steps
+                    * args.world_size
+                ),
+            ),
+            console=console,
+        )
+        save_final_model(
+            run_dir,
+            owner="trainer",
+            is_main=args.should_save,
+            wait=trainer.accelerator.wait_for_everyone,
+            save=lambda staging: trainer.save_model(str(staging)),
+        )
+        if trainer.is_world_process_zero():
+            history.write_state(trainer.state, run_dir)
+    if loop.do_eval:
         result.eval_metrics = trainer.evaluate()
         result.eval_metrics["eval_samples"] = trainer.eval_samples
-        if not config.do_train and trainer.is_world_process_zero():
-            checkpoints.save_tokenizer(prepared.tokenizer, prepared.run_dir)
+        if not loop.do_train and trainer.is_world_process_zero():
+            checkpoints.save_tokenizer(prepared.tokenizer, run_dir)
     result.global_step = trainer.state.global_step
     return result
-
-
-def _save_final_model(trainer: Any, run_dir: Path) -> None:
-    """The final model, staged and moved into the run directory with its manifest last (every
-    process takes part in the save, as sharded models need), then the trainer state."""
-    from lmctl.run import checkpoints, history
-
-    staging = checkpoints.model_staging(run_dir, owner="trainer")
-    if trainer.args.should_save:
-        checkpoints.begin_model(run_dir, owner="trainer")
-    trainer.accelerator.wait_for_everyone()
-    trainer.save_model(str(staging))
-    trainer.accelerator.wait_for_everyone()
-    if trainer.args.should_save:
-        checkpoints.commit_model(staging, run_dir)
-    if trainer.is_world_process_zero():
-        history.write_state(trainer.state, run_dir)
-    trainer.accelerator.wait_for_everyone()
-
-
-def _step_of(checkpoint: str) -> int:
-    from lmctl.run import checkpoints
-
-    try:
-        return checkpoints.checkpoint_step(Path(checkpoint))
-    except ValueError:
-        return -1
-
-
-def _train_samples(prepared: Prepared, args: Any, trainer: Any) -> int:
-    """Training examples: the dataset's length, or for a stream the examples consumed."""
-    dataset = prepared.train_dataset
-    if dataset is not None and hasattr(dataset, "__len__"):
-        return len(dataset)
-    return int(
-        trainer.state.global_step
-        * args.per_device_train_batch_size
-        * args.gradient_accumulation_steps
-        * args.world_size
-    )

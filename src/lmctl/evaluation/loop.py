@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lmctl.fastpaths import TiledHead
     from lmctl.metrics import BatchMetrics
+    from lmctl.metrics.lm_head import TiledHead
     from lmctl.objectives.base import Objective
 
 #: Scores one batch into the metrics it was built with: (the batch's loss times the samples

@@ -17,7 +17,7 @@ from lmctl.fastpaths.padding import skip_padding
 from lmctl.fastpaths.table import FastPaths, fused_adamw_available
 
 if TYPE_CHECKING:
-    from lmctl.config.base import FastPathName, TrainConfig
+    from lmctl.config.values import FastPathName
 
 LINEAR = "the model's logits are not its body's through a linear output layer"
 #: How each path is put on a model, and why a model may not fit it.
@@ -44,9 +44,9 @@ ON_THE_MODEL: dict[FastPathName, tuple[Callable[[Any], object], str]] = {
 }
 
 
-def install_fast_paths(paths: FastPaths, config: TrainConfig, objective: Any, model: Any) -> None:
+def install_fast_paths(paths: FastPaths, objective: Any, model: Any, *, training: bool) -> None:
     """Install on ``model`` the fast paths that ``paths`` turns on and the model fits (those of
-    training where ``config`` trains; of the losses, the first of the objective's
+    training where the run trains; of the losses, the first of the objective's
     ``training_losses`` that fits), and decide fused AdamW once."""
 
     def install(name: FastPathName) -> bool:
@@ -54,7 +54,7 @@ def install_fast_paths(paths: FastPaths, config: TrainConfig, objective: Any, mo
         return paths.apply(name, partial(put_on, model), unfit)
 
     install("fused-gelu")
-    if not config.do_train:
+    if not training:
         return
     taken: tuple[FastPathName, ...] = objective.training_losses
     for index, name in enumerate(taken):

@@ -3,16 +3,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any, get_args
 
-from lmctl import distributed
-from lmctl.config.base import FastPathName
-
-if TYPE_CHECKING:
-    from lmctl.config.base import TrainConfig
+from lmctl.config.values import FastPathName
 
 #: Where the figures that put a path on by default were measured.
 CPU_FIGURES = "docs/benchmarks.md"
@@ -91,10 +86,10 @@ WRAPPER_NAMES = {
 
 @dataclass(frozen=True)
 class Setting:
-    """What the decisions depend on, as plain values (:func:`setting_of` reads them): the
-    device type (cpu, cuda, mps, ...), the precision (fp32, bf16, fp16), the engine, what wraps
-    the model (keys of :data:`WRAPPER_NAMES`), the processes, gradient checkpointing, and
-    ``--fast-paths`` ("auto", "off", or the names it lists)."""
+    """What the decisions depend on, as plain values resolved once per run
+    (``lmctl.run.runtime``): the device type (cpu, cuda, mps, ...), the precision (fp32, bf16,
+    fp16), the engine, what wraps the model (keys of :data:`WRAPPER_NAMES`), the processes,
+    gradient checkpointing, and ``--fast-paths`` ("auto", "off", or the names it lists)."""
 
     device: str
     precision: str
@@ -151,9 +146,8 @@ class FastPaths:
     asked: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, config: TrainConfig, setting: Setting | None = None) -> FastPaths:
-        """The table's decisions under ``setting`` (default: read from ``config``)."""
-        setting = setting or setting_of(config)
+    def of(cls, setting: Setting) -> FastPaths:
+        """The table's decisions under ``setting``."""
         return cls(setting, {path.name: decide(path, setting) for path in TABLE})
 
     def on(self, name: FastPathName) -> bool:
@@ -222,58 +216,3 @@ def fused_adamw_available(device: str) -> bool:
         return device in _get_fused_kernels_supported_devices()
     except ImportError:
         return False
-
-
-def setting_of(config: TrainConfig) -> Setting:
-    """The :class:`Setting` of a run of ``config`` in this process: with the two functions
-    below, the one bridge from a ``TrainConfig`` to the decisions, which never read it."""
-    names = config.fast_path_names()
-    return Setting(
-        device=device_type(config),
-        precision=config.mixed_precision(distributed.native_bf16) or "fp32",
-        engine=config.engine,
-        wrappers=wrappers(config),
-        processes=distributed.world_size(),
-        checkpointing=bool(
-            config.gradient_checkpointing or config.training_args.get("gradient_checkpointing")
-        ),
-        requested=config.fast_paths if names is None else names,
-    )
-
-
-def _environment_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
-
-
-def device_type(config: TrainConfig) -> str:
-    """The device type this process trains on: the accelerator's (cuda, mps, xpu, ...) unless
-    the CPU is asked for (``training_args.use_cpu``, ``accelerate launch --cpu``)."""
-    import torch
-
-    if config.training_args.get("use_cpu") or _environment_flag("ACCELERATE_USE_CPU"):
-        return "cpu"
-    accelerator = (
-        torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    )
-    return accelerator.type if accelerator is not None else "cpu"
-
-
-def wrappers(config: TrainConfig) -> tuple[str, ...]:
-    """What wraps, shards or replaces the model in training (DeepSpeed, FSDP, LoRA, a compiled
-    graph), asked for by lmctl's flags, by ``training_args`` or by an ``accelerate launch``
-    config; only the model's own forward may run under them."""
-    passed = config.training_args
-    found = [
-        name
-        for name in ("deepspeed", "fsdp", "megatron_lm")
-        if _environment_flag(f"ACCELERATE_USE_{name.upper()}")
-    ]
-    if config.deepspeed or passed.get("deepspeed"):
-        found.append("deepspeed")
-    if config.fsdp or passed.get("fsdp"):
-        found.append("fsdp")
-    if config.peft:
-        found.append("lora")
-    if config.torch_compile or passed.get("torch_compile"):
-        found.append("compile")
-    return tuple(dict.fromkeys(found))

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lmctl.console import Console
-from lmctl.run import rundir
+from lmctl.run import history
 from lmctl.run.signals import StopRequest
 
 # Keys from the engine's log records shown in the progress display, with their short names.
@@ -51,7 +51,7 @@ class StepReporter:
         if not self.is_main:
             return
         record = {"step": step, "epoch": epoch, **logs}
-        rundir.append_metrics(self.run_dir, record)
+        history.append_metrics(self.run_dir, record)
         for key, short in PROGRESS_KEYS.items():
             if key in logs and isinstance(logs[key], (int, float)):
                 self.stats[short] = logs[key]

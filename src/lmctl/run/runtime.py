@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Literal
 
 from lmctl import distributed
 from lmctl.errors import ConfigError
-from lmctl.run import rundir
+from lmctl.run import checkpoints
 
 if TYPE_CHECKING:
     from lmctl.config.slices import RunSpec
     from lmctl.console import Console
-    from lmctl.fastpaths import FastPaths
+    from lmctl.fastpaths.table import FastPaths, Setting
 
 
 @dataclass(frozen=True)
@@ -95,25 +95,14 @@ def wrappers(spec: RunSpec) -> tuple[str, ...]:
 
 
 def resume_point(spec: RunSpec, run_dir: Path, console: Console) -> Path | None:
-    """The checkpoint to continue from: the one named, or with 'auto' the newest complete one
-    (saying which newer ones were skipped, and why). It must have been saved by as many
-    processes as this run has."""
-    named = spec.run_dir.resume_from_checkpoint
-    if named is None or not spec.loop.do_train:
+    """The checkpoint training continues from (``checkpoints.resume_checkpoint`` says which,
+    and why newer ones were skipped); it must have been saved by as many processes as this
+    run has."""
+    if not spec.loop.do_train:
         return None
-    if named != "auto":
-        checkpoint = Path(named)
-    else:
-        skipped: list[tuple[Path, str]] = []
-        latest = rundir.latest_checkpoint(run_dir, skipped)
-        for candidate, problem in skipped:
-            console.warn(f"skipping {candidate}: {problem}")
-        if latest is None:
-            console.info(f"no checkpoint in {run_dir} yet: starting from step 0")
-            return None
-        console.info(f"resuming from {latest}")
-        checkpoint = latest
-    check_world_size(checkpoint)
+    checkpoint = checkpoints.resume_checkpoint(spec.run_dir, run_dir, console)
+    if checkpoint is not None:
+        check_world_size(checkpoint)
     return checkpoint
 
 
@@ -122,7 +111,7 @@ def check_world_size(checkpoint: Path) -> None:
     order, RNG streams and stream positions it holds would not carry over exactly."""
     if not checkpoint.is_dir():
         return
-    saved = rundir.checkpoint_world_size(checkpoint)
+    saved = checkpoints.checkpoint_world_size(checkpoint)
     current = distributed.world_size()
     if saved is None or saved == current:
         return
@@ -133,9 +122,39 @@ def check_world_size(checkpoint: Path) -> None:
     )
 
 
+def fast_path_setting(spec: RunSpec, device: str, precision: str | None) -> Setting:
+    """What the fast paths' decisions depend on, in this process."""
+    from lmctl.fastpaths.table import Setting
+
+    names = spec.compute.fast_path_names()
+    return Setting(
+        device=device,
+        precision=precision or "fp32",
+        engine=spec.loop.engine,
+        wrappers=wrappers(spec),
+        processes=distributed.world_size(),
+        checkpointing=bool(
+            spec.model.gradient_checkpointing
+            or spec.loop.training_args.get("gradient_checkpointing")
+        ),
+        requested=spec.compute.fast_paths if names is None else names,
+    )
+
+
+def decide_fast_paths(spec: RunSpec) -> FastPaths:
+    """The fast paths a run of ``spec`` takes in this process (before the model is checked)."""
+    from lmctl.fastpaths.table import FastPaths
+
+    device = device_type(bool(spec.loop.training_args.get("use_cpu")))
+    precision = spec.compute.mixed_precision(distributed.native_bf16)
+    return FastPaths.of(fast_path_setting(spec, device, precision))
+
+
 def resolve_runtime(spec: RunSpec, run_dir: Path, console: Console) -> Runtime:
     """Decide, once, what the run computes on and where it continues from."""
-    from lmctl.fastpaths import FastPaths, Setting
+    import torch
+
+    from lmctl.fastpaths.table import FastPaths
 
     processes = distributed.world_size()
     if spec.scale.fsdp and spec.loop.do_train and processes == 1:
@@ -146,26 +165,17 @@ def resolve_runtime(spec: RunSpec, run_dir: Path, console: Console) -> Runtime:
     use_cpu = bool(spec.loop.training_args.get("use_cpu"))
     device = device_type(use_cpu)
     precision = spec.compute.mixed_precision(distributed.native_bf16)
-    names = spec.compute.fast_path_names()
-    setting = Setting(
-        device=device,
-        precision=precision or "fp32",
-        engine=spec.loop.engine,
-        wrappers=wrappers(spec),
-        processes=processes,
-        checkpointing=bool(
-            spec.model.gradient_checkpointing
-            or spec.loop.training_args.get("gradient_checkpointing")
-        ),
-        requested=spec.compute.fast_paths if names is None else names,
-    )
+    # The engines run bf16 autocast on a CPU, and several processes of a machine without an
+    # accelerator train together on its CPUs (gloo) instead of each as a separate job, only
+    # when told the CPU is the device.
+    alone_on_cpu = not torch.accelerator.is_available() and (precision == "bf16" or processes > 1)
     return Runtime(
         precision=precision,
         device=device,
-        cpu_only=use_cpu or (processes > 1 and device == "cpu"),
+        cpu_only=use_cpu or alone_on_cpu,
         processes=processes,
         rank=distributed.rank(),
         workers=spec.loop.dataloader_num_workers,
         resume=resume_point(spec, run_dir, console),
-        fast_paths=FastPaths.decide(setting),
+        fast_paths=FastPaths.of(fast_path_setting(spec, device, precision)),
     )

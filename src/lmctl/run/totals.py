@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lmctl.run import rundir
+from lmctl.run import checkpoints
 
 #: Where a checkpoint's ``trainer_state.json`` records the run's training totals so far
 #: (under ``stateful_callbacks``; the Trainer ignores names it does not know).
@@ -41,7 +41,7 @@ class RunTotals:
         if checkpoint is None:
             return cls()
         try:
-            saved = rundir.read_checkpoint_state(Path(checkpoint))
+            saved = checkpoints.read_checkpoint_state(Path(checkpoint))
             data = (saved.get("stateful_callbacks") or {})[RUN_TOTALS]
             return cls(int(data["steps"]), float(data["loss_sum"]), float(data["runtime"]))
         except (OSError, ValueError, KeyError, TypeError):

@@ -5,9 +5,11 @@ the examples of each shard in windows that a resumed reader can find again."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 from lmctl.errors import ConfigError
@@ -229,3 +231,61 @@ def positioned(
                 ]
                 yield example
             start, skip = end, 0
+
+
+STREAM_POSITION_FILE = "stream_position.json"
+
+
+@dataclass
+class StreamRecord:
+    """One process's place in a training stream, as a checkpoint records it: the pass, the
+    batches of it consumed, and for each shard read by each dataloader worker the examples
+    given and the position (see :class:`lmctl.data.stream.positions.StreamPlan`; None in
+    checkpoints written before positions were recorded, which resume by reading the consumed
+    batches again)."""
+
+    epoch: int
+    batches: int
+    readers: dict[str, list[int]] | None = None
+    #: What the readers' positions depend on (see ``StreamCursor.layout``).
+    layout: dict[str, int] | None = None
+
+    @classmethod
+    def of(cls, epoch: int, batches: int, cursor: StreamCursor | None) -> StreamRecord:
+        if cursor is None:
+            return cls(epoch, batches)
+        # At a pass's start (a save after the pass ended) no reader has given anything yet.
+        return cls(epoch, batches, cursor.state() if batches else {}, cursor.layout())
+
+    def continue_in(self, cursor: StreamCursor | None) -> None:
+        """Make ``cursor``'s stream seek to the recorded positions (if any were recorded)."""
+        if cursor is not None and self.readers is not None:
+            cursor.restore(self.epoch, self.readers, self.layout)
+
+    @staticmethod
+    def file(checkpoint: Path, rank: int) -> Path:
+        """Each process records its own position: ``stream_position.json`` for the first,
+        ``stream_position-<rank>.json`` for the others."""
+        return checkpoint / (STREAM_POSITION_FILE if rank == 0 else f"stream_position-{rank}.json")
+
+    def write(self, checkpoint: Path, rank: int) -> None:
+        record: dict[str, Any] = {"epoch": self.epoch, "batches": self.batches, "rank": rank}
+        if self.readers is not None:
+            record["readers"] = self.readers
+        if self.layout is not None:
+            record["layout"] = self.layout
+        self.file(checkpoint, rank).write_text(json.dumps(record) + "\n", encoding="utf-8")
+
+    @classmethod
+    def read(cls, checkpoint: Path, rank: int = 0) -> StreamRecord | None:
+        try:
+            data = json.loads(cls.file(checkpoint, rank).read_text(encoding="utf-8"))
+            readers = data.get("readers")
+            if readers is not None:
+                readers = {str(key): [int(value) for value in row] for key, row in readers.items()}
+            layout = data.get("layout")
+            if layout is not None:
+                layout = {str(key): int(value) for key, value in layout.items()}
+            return cls(int(data["epoch"]), int(data["batches"]), readers, layout)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
