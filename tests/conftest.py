@@ -440,3 +440,19 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         f"forked commands {tally.forked_cpu:.0f} (killed ones not counted)"
     )
     terminalreporter.write_line(tally.line())
+
+
+def sliced(config: Any) -> Any:
+    """The slices of a validated document, as ``lmctl.engine.train`` cuts them."""
+    from lmctl.config.slices import slice_config
+    from lmctl.objectives import get_objective
+
+    return slice_config(config, get_objective(config.objective).options_class)
+
+
+def runtime_of(config: Any, run_dir: Path) -> Any:
+    """The runtime a run of ``config`` resolves in this process."""
+    from lmctl.console import Console, OutputOptions
+    from lmctl.run.runtime import resolve_runtime
+
+    return resolve_runtime(sliced(config), run_dir, Console(OutputOptions(quiet=True)))

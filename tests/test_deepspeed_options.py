@@ -14,7 +14,7 @@ from lmctl.config.loader import build_config
 from lmctl.errors import ConfigError
 from lmctl.objectives.clm import ClmConfig
 from lmctl.resources import DEEPSPEED_CONFIGS, deepspeed_config
-from tests.conftest import assert_clean_failure, lmctl
+from tests.conftest import assert_clean_failure, lmctl, runtime_of, sliced
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "deepspeed"
 
@@ -49,14 +49,16 @@ def test_deepspeed_stage_names_a_shipped_config(tmp_path: Path) -> None:
     assert config.deepspeed == "2"
     from lmctl.engine.sharding import trainer_options
 
-    values = trainer_options(config)
+    values = trainer_options(sliced(config).scale, config.gradient_checkpointing)
     assert values["deepspeed"] == str(deepspeed_config("2"))
     assert values["gradient_checkpointing"] is True
-    fsdp = trainer_options(_config(tmp_path, fsdp=True, fsdp_sharding="grad-op",
-                                   fsdp_auto_wrap=True, fsdp_cpu_offload=True))  # fmt: skip
+    fsdp = trainer_options(sliced(_config(tmp_path, fsdp=True, fsdp_sharding="grad-op",
+                                          fsdp_auto_wrap=True, fsdp_cpu_offload=True)).scale,
+                           False)  # fmt: skip
     assert fsdp["fsdp"] == "shard_grad_op auto_wrap offload"
     assert fsdp["fsdp_config"] == {"version": 2}
-    args = training_arguments(_config(tmp_path, fsdp=True), tmp_path / "run")
+    config = _config(tmp_path, fsdp=True)
+    args = training_arguments(sliced(config), runtime_of(config, tmp_path), tmp_path / "run")
     assert args.fsdp_config["version"] == 2
 
 

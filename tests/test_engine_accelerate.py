@@ -24,7 +24,7 @@ from lmctl.objectives.clm import ClmConfig
 from lmctl.run import checkpoints, history
 from lmctl.storage import atomic
 from tests import conftest
-from tests.conftest import TINY_GPT2, lmctl, slow_except, without_packages
+from tests.conftest import TINY_GPT2, lmctl, sliced, slow_except, without_packages
 
 # Files only the trainer engine writes (its pickled TrainingArguments).
 TRAINER_ONLY_FILES = {"training_args.bin"}
@@ -484,7 +484,9 @@ def test_every_scheduler_type_runs(tmp_path: Path) -> None:
             extra["training_args"] = {"lr_scheduler_kwargs": {needed: kwargs[needed]}}
         config = _config(tmp_path, lr_scheduler_type=name, warmup_steps=2, **extra)
         optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-        scheduler = make_scheduler(config, optimizer, max_steps=10)
+        scheduler = make_scheduler(
+            sliced(config).optimizer, config.training_args, optimizer, max_steps=10
+        )
         for _ in range(10):
             optimizer.step()
             if name == "reduce_lr_on_plateau":
@@ -502,7 +504,9 @@ def test_warmup_ratio_counts_steps_of_the_run(tmp_path: Path) -> None:
 
     config = _config(tmp_path, warmup_ratio=0.25, lr_scheduler_type="constant_with_warmup")
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    scheduler = make_scheduler(config, optimizer, max_steps=8)
+    scheduler = make_scheduler(
+        sliced(config).optimizer, config.training_args, optimizer, max_steps=8
+    )
     seen = []
     for _ in range(4):
         seen.append(optimizer.param_groups[0]["lr"])
@@ -528,7 +532,7 @@ def test_plan(
 ) -> None:
     from lmctl.engine.optim import make_plan
 
-    plan = make_plan(_config(tmp_path, **values), batches)
+    plan = make_plan(sliced(_config(tmp_path, **values)).loop, batches)
     assert (plan.max_steps, plan.epochs, plan.logging_steps, plan.save_steps) == expected
 
 
@@ -536,13 +540,13 @@ def test_plan_needs_max_steps_without_a_length(tmp_path: Path) -> None:
     from lmctl.engine.optim import make_plan
 
     with pytest.raises(ConfigError, match="--max-steps"):
-        make_plan(_config(tmp_path), None)
+        make_plan(sliced(_config(tmp_path)).loop, None)
 
 
 def test_position_after_an_epoch_is_the_next_epoch(tmp_path: Path) -> None:
     from lmctl.engine.optim import make_plan
 
-    plan = make_plan(_config(tmp_path, max_steps=30), 10)
+    plan = make_plan(sliced(_config(tmp_path, max_steps=30)).loop, 10)
     assert plan.position_after(0, 4) == (0, 4)
     assert plan.position_after(1, 10) == (2, 0)
     assert plan.epoch_progress(1, 5) == 1.5

@@ -25,9 +25,9 @@ from lmctl.fastpaths.table import PATHS, TABLE, FastPaths, Setting, decide
 from lmctl.objectives.clm import OBJECTIVE as CLM
 from lmctl.objectives.clm import ClmConfig
 from lmctl.objectives.mlm import OBJECTIVE as MLM
-from lmctl.objectives.mlm import MlmConfig
+from lmctl.run.runtime import decide_fast_paths, wrappers
 
-from .conftest import lmctl
+from .conftest import lmctl, sliced
 
 NAMES = get_args(FastPathName)
 #: The paths that run on a CPU (all but the GPU-only fused linear loss).
@@ -147,25 +147,25 @@ def test_the_device_type_comes_from_the_accelerator_unless_the_cpu_is_asked_for(
 ) -> None:
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("cuda"))
-    paths = FastPaths.of(_config(tmp_path))
+    paths = decide_fast_paths(sliced(_config(tmp_path)))
     assert paths.setting.device == "cuda"
     assert not any(paths.on(name) for name in NAMES)
-    cpu = FastPaths.of(_config(tmp_path, training_args={"use_cpu": True}))
+    cpu = decide_fast_paths(sliced(_config(tmp_path, training_args={"use_cpu": True})))
     assert cpu.setting.device == "cpu"
     assert all(cpu.on(name) for name in CPU_NAMES if not PATHS[name].not_by_default)
     assert not cpu.on("fused-linear-loss")
     monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
-    assert FastPaths.of(_config(tmp_path)).setting.device == "cpu"
+    assert decide_fast_paths(sliced(_config(tmp_path))).setting.device == "cpu"
 
 
 def test_wrappers_are_read_from_flags_training_args_and_the_launcher(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert fastpaths.wrappers(_config(tmp_path)) == ()
-    assert fastpaths.wrappers(_config(tmp_path, torch_compile=True)) == ("compile",)
-    assert fastpaths.wrappers(_config(tmp_path, training_args={"fsdp": "full_shard"})) == ("fsdp",)
+    assert wrappers(sliced(_config(tmp_path))) == ()
+    assert wrappers(sliced(_config(tmp_path, torch_compile=True))) == ("compile",)
+    assert wrappers(sliced(_config(tmp_path, training_args={"fsdp": "full_shard"}))) == ("fsdp",)
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    assert fastpaths.wrappers(_config(tmp_path)) == ("deepspeed",)
+    assert wrappers(sliced(_config(tmp_path))) == ("deepspeed",)
 
 
 def _patched(model: GPT2LMHeadModel) -> dict[str, bool]:
@@ -200,13 +200,18 @@ def test_where_every_path_is_off_the_model_trains_through_its_own_code(
     config = _config(
         tmp_path, fast_paths=setting.requested if setting.requested == "off" else "auto"
     )
-    paths = FastPaths.of(config, setting)
+    paths = FastPaths.of(setting)
     model, stock = _gpt2(), _gpt2()
-    install_fast_paths(paths, config, CLM, model)
+    install_fast_paths(paths, CLM, model, training=True)
     assert not any(_patched(model).values()), _patched(model)
     assert any(isinstance(m, NewGELUActivation) for m in model.modules())
     assert type(model).forward is GPT2LMHeadModel.forward
-    assert make_optimizer(config, model, fused=paths.fused_adamw()).defaults["fused"] is None
+    assert (
+        make_optimizer(sliced(config).optimizer, {}, model, fused=paths.fused_adamw()).defaults[
+            "fused"
+        ]
+        is None
+    )
     loss, grads = _loss(model)
     stock_loss, stock_grads = _loss(stock)
     assert torch.equal(loss, stock_loss)
@@ -218,10 +223,9 @@ def test_where_every_path_is_off_the_model_trains_through_its_own_code(
 
 
 def test_on_a_cpu_the_same_model_gets_every_path_and_the_log_line_says_so(tmp_path: Path) -> None:
-    config = _config(tmp_path)
-    paths = FastPaths.of(_config(tmp_path), _setting(requested=frozenset(CPU_NAMES)))
+    paths = FastPaths.of(_setting(requested=frozenset(CPU_NAMES)))
     model = _gpt2()
-    install_fast_paths(paths, config, CLM, model)
+    install_fast_paths(paths, CLM, model, training=True)
     assert all(_patched(model).values()), _patched(model)
     line = paths.summary()
     assert line.startswith("fast paths (cpu, fp32, trainer engine; --fast-paths chooses): on: ")
@@ -230,8 +234,8 @@ def test_on_a_cpu_the_same_model_gets_every_path_and_the_log_line_says_so(tmp_pa
         "; off: fused-linear-loss (not in --fast-paths), skip-padding (not an encoder whose "
         "padding only attention masks (BERT, RoBERTa, DistilBERT, ELECTRA))"
     )
-    default = FastPaths.of(config, _setting())
-    install_fast_paths(default, config, CLM, _gpt2())
+    default = FastPaths.of(_setting())
+    install_fast_paths(default, CLM, _gpt2(), training=True)
     assert not default.on("fast-dropout")
     assert "fast-dropout (other random numbers" in default.summary().split("; off: ")[1]
     for name in ("tiled-loss", "fast-dropout", "sparse-embedding", "fused-gelu"):
@@ -241,10 +245,6 @@ def test_on_a_cpu_the_same_model_gets_every_path_and_the_log_line_says_so(tmp_pa
 
 @pytest.mark.parametrize(("device", "installed"), [("cpu", True), ("cuda", False)])
 def test_the_masked_head_runs_on_a_cpu_only(tmp_path: Path, device: str, installed: bool) -> None:
-    train = tmp_path / "t.txt"
-    train.write_text("a\n")
-    values = {"model_type": "bert", "tokenizer_name": "tok", "train_file": str(train)}
-    config = build_config(MlmConfig, cli_values=values)
     torch.manual_seed(0)
     model = BertForMaskedLM(
         BertConfig(
@@ -256,8 +256,8 @@ def test_the_masked_head_runs_on_a_cpu_only(tmp_path: Path, device: str, install
             max_position_embeddings=32,
         )
     )
-    paths = FastPaths.of(config, _setting(device=device))
-    install_fast_paths(paths, config, MLM, model)
+    paths = FastPaths.of(_setting(device=device))
+    install_fast_paths(paths, MLM, model, training=True)
     assert ("forward" in vars(model)) is installed
     assert paths.on("masked-head") is installed
     assert "masked-head" in paths.summary()
@@ -281,8 +281,8 @@ def test_a_model_that_does_not_fit_a_path_is_said_to_be_off_for_that_reason(
             activation_function="gelu",
         )
     )
-    paths = FastPaths.of(_config(tmp_path), _setting(requested=frozenset(NAMES)))
-    install_fast_paths(paths, _config(tmp_path), CLM, untied)
+    paths = FastPaths.of(_setting(requested=frozenset(NAMES)))
+    install_fast_paths(paths, CLM, untied, training=True)
     assert paths.on("tiled-loss")
     for name in ("fast-dropout", "sparse-embedding", "fused-gelu"):
         assert not paths.on(name)
@@ -379,11 +379,10 @@ def test_without_liger_kernel_the_fused_linear_loss_is_said_not_to_fit(
     import sys
 
     monkeypatch.setitem(sys.modules, "liger_kernel", None)  # an import of it fails
-    config = _config(tmp_path)
     setting = _setting(device="cuda", precision="bf16", requested=frozenset({"fused-linear-loss"}))
-    paths = FastPaths.of(config, setting)
+    paths = FastPaths.of(setting)
     model = _gpt2()
-    install_fast_paths(paths, config, CLM, model)
+    install_fast_paths(paths, CLM, model, training=True)
     assert not paths.on("fused-linear-loss")
     assert "fused-linear-loss (liger-kernel is not installed" in paths.summary()
     assert type(model).forward is GPT2LMHeadModel.forward or "forward" not in vars(model)

@@ -13,7 +13,7 @@ import pytest
 from lmctl.config.loader import build_config
 from lmctl.errors import ConfigError
 from lmctl.objectives.clm import ClmConfig
-from tests.conftest import TINY_BERT, TINY_GPT2, lmctl, slow_except
+from tests.conftest import TINY_BERT, TINY_GPT2, lmctl, sliced, slow_except
 
 
 def test_length_grouped_epochs_are_permutations_replayable_by_epoch() -> None:
@@ -167,9 +167,9 @@ def test_fused_adamw_takes_the_same_steps_as_the_loop(tmp_path: Path) -> None:
     reference = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32))
     fused_model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32))
     fused_model.load_state_dict(reference.state_dict())
-    fused = make_optimizer(config, fused_model, fused=True)
+    fused = make_optimizer(sliced(config).optimizer, {}, fused_model, fused=True)
     assert fused.defaults["fused"]
-    stock = make_optimizer(config, reference, fused=False)
+    stock = make_optimizer(sliced(config).optimizer, {}, reference, fused=False)
     assert stock.defaults["fused"] is None and stock.defaults["foreach"] is None
     loop = torch.optim.AdamW(
         [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in _groups(reference)],
@@ -301,7 +301,7 @@ def test_evaluation_one_sample_at_a_time_gives_the_batch_loss(kind: str) -> None
     import torch
     import transformers
 
-    from lmctl.evaluation import _batch_loss
+    from lmctl.evaluation.loop import batch_loss
     from lmctl.metrics import BatchMetrics
     from lmctl.objectives.collate import masked_positions
 
@@ -329,5 +329,5 @@ def test_evaluation_one_sample_at_a_time_gives_the_batch_loss(kind: str) -> None
     with torch.inference_mode():
         expected = float(model(**inputs).loss)
         metrics = BatchMetrics(masked_positions)
-        got = _batch_loss(model, inputs, metrics, shifted=kind == "clm")
+        got = batch_loss(model, inputs, metrics, shifted=kind == "clm")
     assert got == pytest.approx(expected, rel=1e-5)

@@ -18,7 +18,7 @@ from lmctl.config.upstream import (
 )
 from lmctl.errors import ConfigError
 from lmctl.objectives.clm import ClmConfig
-from tests.conftest import assert_clean_failure, lmctl
+from tests.conftest import assert_clean_failure, lmctl, runtime_of, sliced
 
 SAMPLES = {"bool": "true", "int": "3", "float": "0.5", "str": "word", "dict": '{"a": 1}'}
 
@@ -207,7 +207,8 @@ def test_trainer_gets_training_arguments_flags(
         "--max_steps=7",
     )
     config.pop("objective")
-    args = training_arguments(ClmConfig.model_validate(config), tmp_path / "run")
+    document = ClmConfig.model_validate(config)
+    args = training_arguments(sliced(document), runtime_of(document, tmp_path), tmp_path / "run")
     assert args.optim == "adamw_torch"
     assert args.lr_scheduler_kwargs == {"power": 2.0}
     assert args.dataloader_pin_memory is False

@@ -35,14 +35,15 @@ def main() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, Trainer
 
     from lmctl.config.loader import build_config
-    from lmctl.config.slices import Access, DataSpec, take
+    from lmctl.config.slices import Access, DataSpec, slice_config, take
     from lmctl.console import Console, OutputOptions
     from lmctl.data import stream
     from lmctl.data.stream.sources import Readers, load_sources
     from lmctl.distributed import world_size
     from lmctl.engine.trainer import training_arguments
-    from lmctl.objectives.clm import ClmConfig
+    from lmctl.objectives.clm import ClmConfig, ClmOptions
     from lmctl.objectives.collate import BlockCollator
+    from lmctl.run.runtime import resolve_runtime
 
     vocab = {f"w{index}": index for index in range(lines)}
     vocab["[UNK]"] = lines
@@ -91,7 +92,8 @@ def main() -> None:
             seen.extend(inputs["input_ids"].reshape(-1).tolist())
             return super().training_step(model, inputs, num_items_in_batch)
 
-    args = training_arguments(config, out)
+    spec = slice_config(config, ClmOptions)
+    args = training_arguments(spec, resolve_runtime(spec, out, console), out)
     trainer = Recording(model=model, args=args, train_dataset=train, data_collator=BlockCollator())
     trainer.train()
     rank = os.environ["RANK"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from lmctl.config.slices import slice_config
 from lmctl.distributed import is_main_process
 from lmctl.engine.lifecycle import NonFiniteLoss
-from lmctl.errors import Interrupted, LmctlError, TrainingFailed
+from lmctl.errors import ConfigError, Interrupted, LmctlError, TrainingFailed
 from lmctl.metrics import loss_metrics
 from lmctl.mirror.fetch import sync_checkpoints
 from lmctl.mirror.upload import mirror_for
@@ -69,6 +69,11 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         from lmctl.pipeline import prepare
 
         runtime = resolve_runtime(spec, run_dir, console)
+        if spec.scale.fsdp and spec.loop.do_train and runtime.processes == 1:
+            raise ConfigError(
+                "--fsdp shards the model over several processes; this run has one",
+                "add --nproc N (or start it with a launcher), or drop --fsdp",
+            )
         # Data, tokenizer and model first: a run that fails to start leaves no directory.
         prepared = prepare(spec, runtime, objective, run_dir, console)
         if main:

@@ -157,11 +157,6 @@ def resolve_runtime(spec: RunSpec, run_dir: Path, console: Console) -> Runtime:
     from lmctl.fastpaths.table import FastPaths
 
     processes = distributed.world_size()
-    if spec.scale.fsdp and spec.loop.do_train and processes == 1:
-        raise ConfigError(
-            "--fsdp shards the model over several processes; this run has one",
-            "add --nproc N (or start it with a launcher), or drop --fsdp",
-        )
     use_cpu = bool(spec.loop.training_args.get("use_cpu"))
     device = device_type(use_cpu)
     precision = spec.compute.mixed_precision(distributed.native_bf16)
