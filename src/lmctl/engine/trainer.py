@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from lmctl import distributed, secrets
 from lmctl.data.stream.positions import StreamCursor, StreamRecord, stream_cursor
 from lmctl.data.tokens import forked_workers
-from lmctl.engine.lifecycle import (
+from lmctl.run.lifecycle import (
     TRACKING_PROJECT,
     EngineResult,
     check_finite,

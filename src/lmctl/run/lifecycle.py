@@ -16,13 +16,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl.errors import ConfigError
-from lmctl.run import checkpoints
+from lmctl.errors import ConfigError, Interrupted, LmctlError, TrainingFailed
+from lmctl.metrics import loss_metrics
+from lmctl.run import card, checkpoints, history, rundir
+from lmctl.run.plots import write_loss_plot
+from lmctl.run.restarts import record_restart, restarted
+from lmctl.run.resume import resume_command
+from lmctl.run.signals import graceful_stop
 from lmctl.run.totals import RunTotals, recorded_totals, whole_run
 from lmctl.storage import atomic
 
 if TYPE_CHECKING:
+    from lmctl.config.slices import RunDirSpec, RunSpec
     from lmctl.console import Console
+    from lmctl.objectives.base import Objective
+    from lmctl.run.runtime import Runtime
+    from lmctl.run.signals import StopRequest
 
 #: Tracker project of both engines (mlflow experiment, trackio project, wandb project); each
 #: run is named after its run directory.
@@ -201,3 +210,130 @@ def train_samples(dataset: Any, consumed: Callable[[], int]) -> int:
     if dataset is not None and hasattr(dataset, "__len__"):
         return len(dataset)
     return consumed()
+
+
+def start_run_dir(run_dir: Path, spec: RunDirSpec, runtime: Runtime, console: Console) -> None:
+    """In the main process, before the run's document is written: remove what
+    ``--overwrite-output-dir`` replaces (saying what was kept), record the run's fast paths,
+    and a restart where this start is one."""
+    others = rundir.prepare_output_dir(spec)
+    if others:
+        console.info(
+            f"--overwrite-output-dir: removed the earlier run's files; kept {len(others)} "
+            f"entries lmctl did not write: {', '.join(others)}"
+        )
+    history.write_json(run_dir / history.FAST_PATHS_FILE, runtime.fast_paths.record())
+    if restarted():
+        record_restart(run_dir, runtime.resume, console)
+
+
+def run_engine(
+    loop: Callable[[StopRequest], EngineResult],
+    run_dir: Path,
+    *,
+    is_main: bool,
+    shown: str,
+    objective: str,
+    console: Console,
+) -> EngineResult:
+    """An engine's ``loop``, and what becomes of a run it could not finish: a non-finite loss,
+    a full disk, a signal. ``shown``: the run as the user named it."""
+    main = is_main
+    trackers_existed = (run_dir / "runs").exists()
+    with graceful_stop() as stop:
+        try:
+            result = loop(stop)
+        except NonFiniteLoss as exc:
+            console.stop_progress()
+            if main:
+                history.append_metrics(run_dir, {"event": "failed", "step": exc.step})
+                write_loss_plot(run_dir, console)
+            latest = checkpoints.latest_checkpoint(run_dir)
+            kept = (
+                f"the last good checkpoint is {latest}" if latest else "no checkpoint was saved yet"
+            )
+            raise TrainingFailed(
+                f"training stopped: {exc}; {kept}",
+                "lower --learning-rate, add --warmup-steps or --max-grad-norm, or check the data",
+            ) from exc
+        except Exception as exc:
+            if isinstance(exc, LmctlError) or not atomic.no_space_left(exc, run_dir):
+                raise
+            raise disk_full(run_dir, exc) from exc
+        finally:
+            if main:
+                history.record_trackers(run_dir, trackers_existed)
+    if result.interrupted_at is None:
+        return result
+    if main:
+        write_loss_plot(run_dir, console)
+    if result.checkpoint is not None:
+        raise Interrupted(
+            f"interrupted by {stop.signal_name}; checkpoint saved at step "
+            f"{result.interrupted_at} in {shown}",
+            f"continue with: {resume_command(shown)}",
+        )
+    raise Interrupted(
+        f"interrupted by {stop.signal_name} at step {result.interrupted_at}; "
+        f"no checkpoint was saved in {shown}",
+        f"start again with: {rundir.restart_command(objective, run_dir)}",
+    )
+
+
+def finish_run_dir(
+    run_dir: Path,
+    spec: RunSpec,
+    objective: Objective,
+    result: EngineResult,
+    console: Console,
+    *,
+    model: Any,
+    tokenizer: Any,
+) -> dict[str, Any]:
+    """The main process's end of a run: the adapter's files, the results, the model card, the
+    loss plot and, last, the mark that the run finished."""
+    if spec.adapter.peft is not None and spec.loop.do_train:
+        from lmctl.models import adapters
+
+        # The adapter's run directory also describes the architecture it adapts.
+        model.config.save_pretrained(run_dir)
+        if spec.adapter.merge_adapter:
+            adapters.merge_adapter(run_dir, tokenizer, objective.auto_model_class(), console)
+    if result.train_metrics:
+        history.save_results(run_dir, "train", result.train_metrics)
+    if result.eval_metrics:
+        eval_metrics = dict(result.eval_metrics)
+        if "eval_loss" in eval_metrics:
+            eval_metrics.update(
+                loss_metrics(
+                    eval_metrics["eval_loss"], with_perplexity=objective.reports_perplexity
+                )
+            )
+        history.save_results(run_dir, "eval", eval_metrics)
+    results = history.load_results(run_dir)
+    facts = card.CardFacts(spec.model, spec.data, spec.adapter, spec.optimizer, spec.loop)
+    card.write_model_card(
+        run_dir,
+        facts,
+        objective=objective,
+        results=results,
+        resumed=result.resumed_from is not None,
+    )
+    write_loss_plot(run_dir, console)
+    if spec.loop.do_train:
+        # Last: a run killed before this line is resumed to write what it is missing.
+        history.append_metrics(run_dir, {"event": "finished", "step": result.global_step})
+    return results
+
+
+def disk_full(run_dir: Path, exc: BaseException) -> TrainingFailed:
+    """The run's file system is full: drop the half-written save (it frees the space it took)
+    and name the checkpoint that is kept."""
+    atomic.discard_staging(run_dir)
+    latest = checkpoints.latest_checkpoint(run_dir)
+    kept = f"the last good checkpoint is {latest.name}" if latest else "no checkpoint was saved"
+    step = f"continue with: {resume_command(run_dir)}" if latest else "then start the run again"
+    return TrainingFailed(
+        f"no space left on the device of {run_dir} ({type(exc).__name__}); {kept}",
+        f"free some space there (or move the run to a larger disk), {step}",
+    )
