@@ -386,3 +386,31 @@ def test_without_liger_kernel_the_fused_linear_loss_is_said_not_to_fit(
     assert not paths.on("fused-linear-loss")
     assert "fused-linear-loss (liger-kernel is not installed" in paths.summary()
     assert type(model).forward is GPT2LMHeadModel.forward or "forward" not in vars(model)
+
+
+def test_the_start_of_run_line_is_short_and_the_metadata_keeps_every_reason(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    paths = FastPaths.of(config, _setting())
+    install_fast_paths(paths, config, CLM, _gpt2())
+    line = paths.summary(brief=True)
+    assert (
+        line == "fast paths (cpu, fp32): on: fused-gelu, tiled-loss, sparse-embedding, fused-adamw"
+    )
+    record = paths.record()
+    assert record["setting"]["device"] == "cpu" and record["setting"]["requested"] == "auto"
+    assert record["paths"]["fast-dropout"]["on"] is False
+    assert "other random numbers" in record["paths"]["fast-dropout"]["reason"]
+    assert set(record["paths"]) == set(paths.asked)
+    # A setting of the run that turns paths off is said in the line, with the paths it took.
+    wrapped = FastPaths.of(config, _setting(wrappers=("lora",), requested=frozenset(NAMES)))
+    install_fast_paths(wrapped, config, CLM, _gpt2())
+    assert wrapped.summary(brief=True) == (
+        "fast paths (cpu, fp32): on: fused-gelu, fused-adamw; off: tiled-loss, skip-padding, "
+        "fast-dropout, sparse-embedding (LoRA runs the model's own forward)"
+    )
+    assert wrapped.record()["setting"]["requested"] == sorted(NAMES)
+    off = FastPaths.of(config, _setting(requested="off"))
+    install_fast_paths(off, config, CLM, _gpt2())
+    assert off.summary(brief=True) == "fast paths (cpu, fp32): none on"

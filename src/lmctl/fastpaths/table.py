@@ -202,8 +202,9 @@ class FastPaths:
         setting = asdict(self.setting)
         if not isinstance(self.setting.requested, str):
             setting["requested"] = sorted(self.setting.requested)
-        decisions = {name: asdict(self.decisions[name]) for name in self.asked}
-        return {"setting": setting, "paths": decisions}
+        decisions = {name: self.decisions[name] for name in self.asked}
+        paths = {name: {"on": d.on, "reason": d.reason} for name, d in decisions.items()}
+        return {"setting": setting, "paths": paths}
 
 
 def fused_adamw_available(device: str) -> bool:
