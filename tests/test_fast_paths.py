@@ -391,9 +391,8 @@ def test_without_liger_kernel_the_fused_linear_loss_is_said_not_to_fit(
 def test_the_start_of_run_line_is_short_and_the_metadata_keeps_every_reason(
     tmp_path: Path,
 ) -> None:
-    config = _config(tmp_path)
-    paths = FastPaths.of(config, _setting())
-    install_fast_paths(paths, config, CLM, _gpt2())
+    paths = FastPaths.of(_setting())
+    install_fast_paths(paths, CLM, _gpt2(), training=True)
     line = paths.summary(brief=True)
     assert (
         line == "fast paths (cpu, fp32): on: fused-gelu, tiled-loss, sparse-embedding, fused-adamw"
@@ -404,13 +403,13 @@ def test_the_start_of_run_line_is_short_and_the_metadata_keeps_every_reason(
     assert "other random numbers" in record["paths"]["fast-dropout"]["reason"]
     assert set(record["paths"]) == set(paths.asked)
     # A setting of the run that turns paths off is said in the line, with the paths it took.
-    wrapped = FastPaths.of(config, _setting(wrappers=("lora",), requested=frozenset(NAMES)))
-    install_fast_paths(wrapped, config, CLM, _gpt2())
+    wrapped = FastPaths.of(_setting(wrappers=("lora",), requested=frozenset(NAMES)))
+    install_fast_paths(wrapped, CLM, _gpt2(), training=True)
     assert wrapped.summary(brief=True) == (
         "fast paths (cpu, fp32): on: fused-gelu, fused-adamw; off: tiled-loss, skip-padding, "
         "fast-dropout, sparse-embedding (LoRA runs the model's own forward)"
     )
     assert wrapped.record()["setting"]["requested"] == sorted(NAMES)
-    off = FastPaths.of(config, _setting(requested="off"))
-    install_fast_paths(off, config, CLM, _gpt2())
+    off = FastPaths.of(_setting(requested="off"))
+    install_fast_paths(off, CLM, _gpt2(), training=True)
     assert off.summary(brief=True) == "fast paths (cpu, fp32): none on"
