@@ -62,6 +62,22 @@ def redact(data: Any, *, drop: bool) -> Any:
     return _redacted(data, drop)
 
 
+def cleared(arguments: Any) -> Any:
+    """A copy of a dataclass of settings (``TrainingArguments``) with every secret cleared: a
+    secret field (``hub_token``) and secret keys inside its mappings, for pickling."""
+    import copy
+    import dataclasses
+
+    clean = copy.copy(arguments)
+    for item in dataclasses.fields(arguments):
+        value = getattr(arguments, item.name, None)
+        if is_secret_key(item.name) and value is not None:
+            object.__setattr__(clean, item.name, None)
+        elif isinstance(value, (dict, str)):
+            object.__setattr__(clean, item.name, redact(value, drop=True))
+    return clean
+
+
 def _redacted(data: Any, drop: bool) -> Any:
     if isinstance(data, dict):
         out: dict[Any, Any] = {}

@@ -23,11 +23,14 @@ from typing import TYPE_CHECKING, Any
 from lmctl import distributed
 from lmctl.data.stream.positions import StreamRecord, stream_cursor
 from lmctl.data.tokens import forked_workers
+from lmctl.engine.optim import Plan, make_optimizer, make_plan, make_scheduler
+from lmctl.engine.sharding import accelerate_plugins
+from lmctl.errors import ConfigError
+from lmctl.evaluation.loop import evaluation_loop, gathered_scorer
+from lmctl.run import checkpoints, history, rundir
 from lmctl.run.lifecycle import (
-    TRACKING_PROJECT,
     EngineResult,
     NonFiniteLoss,
-    check_trackers,
     end_processes,
     length_sampler,
     save_checkpoint,
@@ -36,15 +39,11 @@ from lmctl.run.lifecycle import (
     train_samples,
     training_record,
 )
-from lmctl.engine.optim import Plan, make_optimizer, make_plan, make_scheduler
-from lmctl.engine.sharding import accelerate_plugins
-from lmctl.errors import ConfigError
-from lmctl.evaluation.loop import evaluation_loop
-from lmctl.metrics import predictions_of
-from lmctl.run import checkpoints, history, rundir
 from lmctl.run.progress import StepReporter
+from lmctl.run.record import LoopRecord
 from lmctl.run.signals import StopRequest
 from lmctl.run.totals import RunTotals
+from lmctl.run.tracking import check_trackers, tracked_hyperparameters
 
 if TYPE_CHECKING:
     from lmctl.config.slices import RunSpec
@@ -122,17 +121,6 @@ def make_accelerator(spec: RunSpec, runtime: Runtime, run_dir: Path) -> Any:
     return accelerator
 
 
-def tracked_hyperparameters(spec: RunSpec) -> dict[str, Any]:
-    """The run's settings as trackers accept them: scalars only (lists and mappings as text),
-    no secret."""
-    values = {"objective": spec.objective, **spec.public_values()}
-    return {
-        key: value if isinstance(value, (bool, int, float, str)) else str(value)
-        for key, value in values.items()
-        if value is not None
-    }
-
-
 def _length(loader: Any) -> int | None:
     try:
         return len(loader)
@@ -140,16 +128,11 @@ def _length(loader: Any) -> int | None:
         return None
 
 
-def _batch_size(batch: dict[str, Any]) -> int:
-    return int(next(iter(batch.values())).shape[0])
-
-
 class AccelerateRun:
     """One training (and/or evaluation) session: the loop and what it saves and logs."""
 
     def __init__(self, prepared: Prepared, console: Console, stop: StopRequest) -> None:
         from accelerate.utils import set_seed
-        from transformers import TrainerState
 
         self.prepared = prepared
         spec = prepared.spec
@@ -164,7 +147,6 @@ class AccelerateRun:
         self.reporter = StepReporter(console, self.run_dir, stop, is_main=self.is_main)
         if spec.tracking.report_to:
             self.accelerator.init_trackers(
-                TRACKING_PROJECT,
                 config=tracked_hyperparameters(spec),
                 init_kwargs={
                     "wandb": {"name": self.run_dir.name},
@@ -173,22 +155,14 @@ class AccelerateRun:
                 },
             )
         set_seed(loop.seed)
-        self.state = TrainerState(
-            is_local_process_zero=bool(self.accelerator.is_local_main_process),
-            is_world_process_zero=self.is_main,
-        )
+        self.record = LoopRecord(self.accelerator, prepared.model, self.reporter)
+        self.state = self.record.state
         self.model: Any = prepared.model
         self.optimizer: Any = None
         self.scheduler: Any = None
         self.eval_loader: Any = None
-        # Counters of this session, per process; summed over processes by _update_totals().
-        self._local = {"tokens": 0.0, "flos": 0.0, "samples": 0.0}
-        self._restored: dict[str, float] = {"tokens": 0, "flos": 0.0}
         #: The run's training totals before this session (None: unknown).
         self._totals_before: RunTotals | None = RunTotals()
-        model = self._unwrapped()
-        self._flos_per_token = 6 * model.num_parameters(exclude_embeddings=True)
-        self._main_input = getattr(model, "main_input_name", "input_ids")
         # Loop bookkeeping: losses are floats averaged over processes, one per optimizer step.
         self._start = time.time()
         self._position = (0, 0)
@@ -232,8 +206,8 @@ class AccelerateRun:
             result.eval_metrics = self.evaluate()
             size = _length(self.prepared.eval_dataset)  # a stream has none: count what was seen
             result.eval_metrics["eval_samples"] = size if size is not None else self._eval_count
-        if loop.do_train:
-            self._write_state(self.run_dir)
+        if loop.do_train and self.is_main:
+            history.write_state(self.state, self.run_dir)
         elif self.is_main:
             checkpoints.save_tokenizer(self.prepared.tokenizer, self.run_dir)
         result.global_step = self.state.global_step
@@ -296,7 +270,7 @@ class AccelerateRun:
             before=self._totals_before,
             global_step=state.global_step,
             samples=train_samples(
-                self.prepared.train_dataset, lambda: int(self._update_totals()["samples"])
+                self.prepared.train_dataset, lambda: int(self.record.totals()["samples"])
             ),
             console=self.console,
         )
@@ -336,7 +310,7 @@ class AccelerateRun:
             loss = self.model(**batch).loss
             acc.backward(loss * weight)
             self._window_loss += loss.detach().float() * weight / acc.gradient_accumulation_steps
-            self._count(batch)
+            self.record.count(batch)
             if acc.sync_gradients:
                 self._step_loss = self._finite_mean(self._window_loss, self.state.global_step + 1)
                 self._grad_norm = self._clip()
@@ -359,7 +333,7 @@ class AccelerateRun:
         checkpoint (also at the last step). Returns the checkpoint saved, if any."""
         state, loop = self.state, self.loop
         last = state.global_step >= plan.max_steps
-        self.reporter.step(state.global_step, state.epoch, self._tokens_estimate())
+        self.reporter.step(state.global_step, state.epoch, self.record.tokens_estimate())
         if state.global_step % plan.logging_steps == 0:
             self._total_loss += self._loss_since_log
             logs = {
@@ -367,7 +341,7 @@ class AccelerateRun:
                 "grad_norm": self._grad_norm,
                 "learning_rate": self._learning_rate,
             }
-            self._log(logs, train_start=self._start)
+            self.record.log(logs, train_start=self._start)
             self._loss_since_log, self._steps_since_log = 0.0, 0
         if (
             loop.eval_strategy == "steps"
@@ -457,95 +431,28 @@ class AccelerateRun:
         )
 
     # Counting and logging --------------------------------------------------------------------
-    def _count(self, batch: dict[str, Any]) -> None:
-        tokens = batch[self._main_input].numel() if self._main_input in batch else 0
-        self._local["tokens"] += tokens
-        self._local["flos"] += self._flos_per_token * tokens
-        self._local["samples"] += _batch_size(batch)
-
-    def _update_totals(self) -> dict[str, float]:
-        """This session's counters summed over processes (every process must call this); the
-        run's totals go into the trainer state."""
-        import torch
-
-        keys = list(self._local)
-        local = torch.tensor(
-            [self._local[key] for key in keys], dtype=torch.float64, device=self.accelerator.device
-        )
-        totals = dict(zip(keys, self.accelerator.reduce(local, "sum").tolist(), strict=True))
-        self.state.num_input_tokens_seen = int(self._restored["tokens"] + totals["tokens"])
-        self.state.total_flos = self._restored["flos"] + totals["flos"]
-        return totals
-
-    def _tokens_estimate(self) -> int:
-        """Tokens seen so far for the progress display, without synchronising processes."""
-        return int(
-            self._restored["tokens"] + self._local["tokens"] * self.accelerator.num_processes
-        )
-
-    def _log(self, logs: dict[str, Any], *, train_start: float | None = None) -> dict[str, Any]:
-        """One log record, as the Trainer writes it, to metrics.jsonl, the trainer state, the
-        progress display and the trackers; returns the record."""
-        from transformers.trainer_utils import speed_metrics
-
-        totals = self._update_totals()
-        state = self.state
-        logs = {key: value for key, value in logs.items() if value is not None}
-        logs["epoch"] = state.epoch
-        logs["num_input_tokens_seen"] = state.num_input_tokens_seen
-        if train_start is not None:
-            logs.update(speed_metrics("train", train_start, num_tokens=totals["tokens"]))
-        state.log_history.append({**logs, "step": state.global_step})
-        self.reporter.log(state.global_step, state.epoch, logs)
-        tracked = {
-            (f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"): value
-            for key, value in logs.items()
-            if isinstance(value, (int, float))
-        }
-        self.accelerator.log(tracked, step=state.global_step)
-        return logs
-
     def _train_metrics(self) -> dict[str, Any]:
         """The Trainer's end-of-training record; ``train_loss`` averages this session's steps."""
         from transformers.trainer_utils import speed_metrics
 
-        totals = self._update_totals()
+        totals = self.record.totals()
         steps = self._session_steps
         metrics = speed_metrics(
             "train", self._start, num_samples=totals["samples"], num_steps=steps
         )
         metrics["total_flos"] = self.state.total_flos
         metrics["train_loss"] = (self._total_loss + self._loss_since_log) / max(steps, 1)
-        return self._log(metrics)
+        return self.record.log(metrics)
 
     # Evaluation ------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
         """Eval loss (mean over samples) and the objective's metrics, in the one evaluation
-        loop (:mod:`lmctl.evaluation.loop`): only one batch's logits are ever held, and only
-        its losses and argmax predictions cross processes."""
-        import torch
+        loop (:mod:`lmctl.evaluation.loop`), gathered across processes."""
         from transformers.trainer_utils import speed_metrics
 
         acc = self.accelerator
         metrics = self.prepared.objective.metrics()
-
-        def score(batch: dict[str, Any]) -> tuple[float, int]:
-            with torch.no_grad():
-                outputs = self.model(**batch)
-            losses = acc.gather_for_metrics(
-                outputs.loss.detach().float().repeat(_batch_size(batch))
-            )
-            labels = batch.get("labels")
-            if labels is not None:
-                predictions = predictions_of(outputs.logits)
-                del outputs
-                predictions = acc.pad_across_processes(predictions, dim=1, pad_index=-100)
-                labels = acc.pad_across_processes(labels, dim=1, pad_index=-100)
-                predictions, labels = acc.gather_for_metrics((predictions, labels))
-                if self.is_main:
-                    metrics.update(predictions, labels)
-            return float(losses.sum()), int(losses.numel())
-
+        score = gathered_scorer(acc, self.model, metrics, is_main=self.is_main)
         start = time.time()
         self.model.eval()
         steps = _length(self.eval_loader)
@@ -566,7 +473,7 @@ class AccelerateRun:
                 "eval", start, num_samples=count, num_steps=math.ceil(count / total_batch)
             )
         )
-        return self._log(results)
+        return self.record.log(results)
 
     def _evaluate_during_training(self) -> None:
         from torch.optim.lr_scheduler import ReduceLROnPlateau
@@ -593,7 +500,7 @@ class AccelerateRun:
         position, the model config and tokenizer (so the folder loads with
         ``from_pretrained``), then ``trainer_state.json`` with the data position, last."""
         acc, state = self.accelerator, self.state
-        self._update_totals()
+        self.record.totals()
         epoch, batches_done = self._position
         # Not a callback: TrainerState keeps this mapping as is (it is typed as a list), and
         # the Trainer ignores names it does not know.
@@ -608,8 +515,10 @@ class AccelerateRun:
                 record.write(staging, acc.process_index)
 
         def write_state(staging: Path) -> None:
-            self._unwrapped().config.save_pretrained(staging)
-            self._save_generation_config(staging)
+            model = self._unwrapped()
+            model.config.save_pretrained(staging)
+            if getattr(model, "generation_config", None) is not None and model.can_generate():
+                model.generation_config.save_pretrained(staging)
             self.prepared.tokenizer.save_pretrained(staging)
             if self._totals_before is not None:
                 self._totals_before.then(
@@ -656,18 +565,13 @@ class AccelerateRun:
         state.global_step = saved.global_step
         state.epoch = saved.epoch
         state.log_history = saved.log_history
-        self._restored = {"tokens": saved.num_input_tokens_seen, "flos": saved.total_flos}
+        self.record.restore(saved)
         self._totals_before = RunTotals.of_checkpoint(checkpoint)
         self._position = (int(position["epoch"]), int(position["batches_done"]))
         recorded = StreamRecord.read(path, self.accelerator.process_index)
         if recorded is not None:
             recorded.continue_in(self._cursor)
         return self._position
-
-    def _save_generation_config(self, path: Path) -> None:
-        model = self._unwrapped()
-        if getattr(model, "generation_config", None) is not None and model.can_generate():
-            model.generation_config.save_pretrained(path)
 
     def _save_model(self) -> None:
         """The final model and tokenizer, as ``save_pretrained`` writes them (loadable by
@@ -690,7 +594,3 @@ class AccelerateRun:
             save=save,
             complete=self.prepared.tokenizer.save_pretrained,
         )
-
-    def _write_state(self, folder: Path) -> None:
-        if self.is_main:
-            history.write_state(self.state, folder)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -11,11 +10,13 @@ from typing import TYPE_CHECKING, Any
 from lmctl import distributed, secrets
 from lmctl.data.stream.positions import StreamCursor, StreamRecord, stream_cursor
 from lmctl.data.tokens import forked_workers
+from lmctl.engine.sharding import trainer_options
+from lmctl.errors import ConfigError
+from lmctl.objectives.collate import SeededCollator
+from lmctl.run import checkpoints, history, rundir
 from lmctl.run.lifecycle import (
-    TRACKING_PROJECT,
     EngineResult,
     check_finite,
-    check_trackers,
     end_processes,
     length_sampler,
     save_checkpoint,
@@ -24,13 +25,10 @@ from lmctl.run.lifecycle import (
     train_samples,
     training_record,
 )
-from lmctl.engine.sharding import trainer_options
-from lmctl.errors import ConfigError
-from lmctl.objectives.collate import SeededCollator
-from lmctl.run import checkpoints, history, rundir
 from lmctl.run.progress import StepReporter
 from lmctl.run.signals import StopRequest
 from lmctl.run.totals import RunTotals
+from lmctl.run.tracking import TRACKING_PROJECT, check_trackers, mlflow_run
 from lmctl.storage.paths import local_folder
 
 if TYPE_CHECKING:
@@ -130,22 +128,6 @@ def training_arguments(spec: RunSpec, runtime: Runtime, run_dir: Path) -> Any:
         ) from exc
     except ValueError as exc:
         raise ConfigError(f"invalid training settings: {exc}", "adjust the flags named") from exc
-
-
-def public_arguments(args: Any) -> Any:
-    """A copy of TrainingArguments with every secret (``hub_token``, and secret keys inside
-    its mappings; see :mod:`lmctl.secrets`) cleared, for pickling into the run directory."""
-    import copy
-    import dataclasses
-
-    clean = copy.copy(args)
-    for item in dataclasses.fields(args):
-        value = getattr(args, item.name, None)
-        if secrets.is_secret_key(item.name) and value is not None:
-            object.__setattr__(clean, item.name, None)
-        elif isinstance(value, (dict, str)):
-            object.__setattr__(clean, item.name, secrets.redact(value, drop=True))
-    return clean
 
 
 def _loss_uses_item_count(model: Any) -> bool:
@@ -277,7 +259,7 @@ def _make_trainer_class() -> type:
                 from transformers.trainer import TRAINING_ARGS_NAME
 
                 folder = Path(str(output_dir if output_dir is not None else self.args.output_dir))
-                torch.save(public_arguments(self.args), folder / TRAINING_ARGS_NAME)
+                torch.save(secrets.cleared(self.args), folder / TRAINING_ARGS_NAME)
 
         def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
             """One micro-batch; a non-finite loss on any process stops every process (before
@@ -488,7 +470,7 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
         trainer.add_callback(trainer.stream_position)
 
     try:
-        with _tracker_run(spec.tracking.report_to, prepared.run_dir, runtime.is_main):
+        with mlflow_run(spec.tracking.report_to, prepared.run_dir, runtime.is_main):
             return _train_and_evaluate(trainer, prepared, console, stop)
     finally:
         _close(trainer)
@@ -498,23 +480,6 @@ def _close(trainer: Any) -> None:
     """Release the distributed model, then the process group."""
     trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = trainer.deepspeed = None
     end_processes(trainer.accelerator)
-
-
-def _tracker_run(report_to: list[str], run_dir: Path, is_main: bool) -> Any:
-    """One MLflow run around training and the final evaluation: the Trainer's callback would
-    end its run with training and log the final evaluation to a second, unnamed run."""
-    import importlib.util
-
-    wanted = {"mlflow", "all"} & set(report_to)
-    if not wanted or not is_main or importlib.util.find_spec("mlflow") is None:
-        return nullcontext()
-    import mlflow
-
-    # The experiment is named like the accelerate engine's, unless the user chose one (the
-    # callback reads the same variable).
-    os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", TRACKING_PROJECT)
-    mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])
-    return mlflow.start_run(run_name=run_dir.name)
 
 
 def _train_and_evaluate(

@@ -92,6 +92,34 @@ def memory_scorer(model: Any, objective: Objective, metrics: BatchMetrics, devic
     return score
 
 
+def gathered_scorer(
+    accelerator: Any, model: Any, metrics: BatchMetrics, *, is_main: bool
+) -> Scorer:
+    """Scores a batch through a (distributed) model on every process: its losses and argmax
+    predictions are gathered, never its logits; the main process counts the metrics."""
+    import torch
+
+    from lmctl.metrics import predictions_of
+
+    def score(batch: dict[str, Any]) -> tuple[float, int]:
+        with torch.no_grad():
+            outputs = model(**batch)
+        size = int(next(iter(batch.values())).shape[0])
+        losses = accelerator.gather_for_metrics(outputs.loss.detach().float().repeat(size))
+        labels = batch.get("labels")
+        if labels is not None:
+            predictions = predictions_of(outputs.logits)
+            del outputs
+            predictions = accelerator.pad_across_processes(predictions, dim=1, pad_index=-100)
+            labels = accelerator.pad_across_processes(labels, dim=1, pad_index=-100)
+            predictions, labels = accelerator.gather_for_metrics((predictions, labels))
+            if is_main:
+                metrics.update(predictions, labels)
+        return float(losses.sum()), int(losses.numel())
+
+    return score
+
+
 def batch_loss(model: Any, inputs: dict[str, Any], metrics: Any, shifted: bool) -> float:
     """The model's loss over a batch, computed one sample at a time.
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl.errors import ConfigError, Interrupted, LmctlError, TrainingFailed
+from lmctl.errors import Interrupted, LmctlError, TrainingFailed
 from lmctl.metrics import loss_metrics
 from lmctl.run import card, checkpoints, history, rundir
 from lmctl.run.plots import write_loss_plot
@@ -32,10 +32,6 @@ if TYPE_CHECKING:
     from lmctl.objectives.base import Objective
     from lmctl.run.runtime import Runtime
     from lmctl.run.signals import StopRequest
-
-#: Tracker project of both engines (mlflow experiment, trackio project, wandb project); each
-#: run is named after its run directory.
-TRACKING_PROJECT = "lmctl"
 
 
 class NonFiniteLoss(RuntimeError):
@@ -53,24 +49,6 @@ class EngineResult:
     resumed_from: str | None = None
     interrupted_at: int | None = None
     checkpoint: Path | None = None
-
-
-def check_trackers(report_to: list[str], known: set[str], available: set[str], engine: str) -> None:
-    """Refuse, before any work, a tracker the engine does not know or cannot load (an engine
-    would skip it silently, or fail after training)."""
-    for name in report_to:
-        if name == "all":
-            continue
-        if name not in known:
-            raise ConfigError(
-                f"--report-to {name}: not a tracker {engine} knows",
-                "choose from " + ", ".join(sorted(known)),
-            )
-        if name not in available:
-            raise ConfigError(
-                f"--report-to {name}: its package is not installed",
-                f"pip install {name.replace('_', '-')}, or drop --report-to {name}",
-            )
 
 
 def length_sampler(lengths: list[int] | None, window: int, seed: int) -> Any:

@@ -1,0 +1,84 @@
+"""The record a training loop keeps as the Trainer keeps it, for the accelerate engine.
+
+Its ``TrainerState`` (saved as ``trainer_state.json``), the tokens, FLOPs and samples of this
+session (per process, summed over every process when a record is made), and each log record:
+to ``metrics.jsonl`` and the progress display (through the reporter), the state's log history
+and the trackers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lmctl.run.progress import StepReporter
+
+
+def batch_size(batch: dict[str, Any]) -> int:
+    return int(next(iter(batch.values())).shape[0])
+
+
+class LoopRecord:
+    def __init__(self, accelerator: Any, model: Any, reporter: StepReporter) -> None:
+        from transformers import TrainerState
+
+        self.accelerator = accelerator
+        self.reporter = reporter
+        self.state = TrainerState(
+            is_local_process_zero=bool(accelerator.is_local_main_process),
+            is_world_process_zero=bool(accelerator.is_main_process),
+        )
+        # Counters of this session, per process; summed over processes by totals().
+        self.local = {"tokens": 0.0, "flos": 0.0, "samples": 0.0}
+        self.restored: dict[str, float] = {"tokens": 0, "flos": 0.0}
+        self.flos_per_token = 6 * model.num_parameters(exclude_embeddings=True)
+        self.main_input = getattr(model, "main_input_name", "input_ids")
+
+    def restore(self, saved: Any) -> None:
+        """Continue the run totals of a checkpoint's state."""
+        self.restored = {"tokens": saved.num_input_tokens_seen, "flos": saved.total_flos}
+
+    def count(self, batch: dict[str, Any]) -> None:
+        tokens = batch[self.main_input].numel() if self.main_input in batch else 0
+        self.local["tokens"] += tokens
+        self.local["flos"] += self.flos_per_token * tokens
+        self.local["samples"] += batch_size(batch)
+
+    def totals(self) -> dict[str, float]:
+        """This session's counters summed over processes (every process must call this); the
+        run's totals go into the trainer state."""
+        import torch
+
+        keys = list(self.local)
+        local = torch.tensor(
+            [self.local[key] for key in keys], dtype=torch.float64, device=self.accelerator.device
+        )
+        totals = dict(zip(keys, self.accelerator.reduce(local, "sum").tolist(), strict=True))
+        self.state.num_input_tokens_seen = int(self.restored["tokens"] + totals["tokens"])
+        self.state.total_flos = self.restored["flos"] + totals["flos"]
+        return totals
+
+    def tokens_estimate(self) -> int:
+        """Tokens seen so far for the progress display, without synchronising processes."""
+        return int(self.restored["tokens"] + self.local["tokens"] * self.accelerator.num_processes)
+
+    def log(self, logs: dict[str, Any], *, train_start: float | None = None) -> dict[str, Any]:
+        """One log record, as the Trainer writes it; returns the record."""
+        from transformers.trainer_utils import speed_metrics
+
+        totals = self.totals()
+        state = self.state
+        logs = {key: value for key, value in logs.items() if value is not None}
+        logs["epoch"] = state.epoch
+        logs["num_input_tokens_seen"] = state.num_input_tokens_seen
+        if train_start is not None:
+            logs.update(speed_metrics("train", train_start, num_tokens=totals["tokens"]))
+        state.log_history.append({**logs, "step": state.global_step})
+        self.reporter.log(state.global_step, state.epoch, logs)
+        tracked = {
+            (f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"): value
+            for key, value in logs.items()
+            if isinstance(value, (int, float))
+        }
+        self.accelerator.log(tracked, step=state.global_step)
+        return logs
