@@ -171,7 +171,6 @@ DOCUMENT_READERS = ("lmctl.config", "lmctl.cli")
 SLICING_FUNCTIONS = frozenset(
     {
         ("lmctl.engine", "train"),
-        ("lmctl.evaluation", "evaluate_target"),
         ("lmctl.run.rundir", "write_config"),
     }
 )
