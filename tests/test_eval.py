@@ -209,13 +209,13 @@ def test_same_numbers_for_model_run_and_checkpoint(
     ],
 )
 def test_objective_from_architecture(architecture: str, objective: str | None) -> None:
-    from lmctl.evaluation import infer_objective
+    from lmctl.evaluation.target import infer_objective
 
     assert infer_objective([architecture]) == objective
 
 
 def test_every_objective_is_inferred_from_its_own_models() -> None:
-    from lmctl.evaluation import infer_objective
+    from lmctl.evaluation.target import infer_objective
 
     for name in OBJECTIVES:
         names = get_objective(name).model_classes()

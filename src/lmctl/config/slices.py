@@ -1,32 +1,13 @@
-"""The config cut into the parts that each layer reads.
+"""The config cut into the parts that each layer reads (``docs/architecture.md`` lists who
+receives which).
 
 :class:`~lmctl.config.base.TrainConfig` is the one document: validated, saved as
 ``lmctl.yaml``, shown by ``lmctl config show`` and read back by ``lmctl resume``. Below the
 entry points of training and evaluation no function takes it; each layer receives only the
-slices it reads, typed and frozen, derived once by :func:`slice_config`:
-
-====================  =====================================================================
-slice                 received by
-====================  =====================================================================
-:class:`Access`       whatever reads the Hub or a store (data loading, model loading)
-:class:`ModelSpec`    ``lmctl.models`` (config, weights, plugins)
-:class:`TokenizerSpec`  ``lmctl.models`` (the tokenizer: loaded or trained)
-:class:`DataSpec`     ``lmctl.data`` (files, Hub datasets, streams, the prepared cache)
-objective options     the objective's own module (``ClmOptions``, ``MlmOptions``, ...)
-:class:`OptimizerSpec`  the optimizer and schedule of both engines
-:class:`LoopSpec`     the engines: batches, steps, evaluation and checkpoint intervals
-:class:`ComputeSpec`  resolved once into the run's precision and fast paths
-:class:`ScaleSpec`    DeepSpeed and FSDP options of both engines
-:class:`AdapterSpec`  ``lmctl.models.adapters`` (LoRA)
-:class:`TrackingSpec` the trackers of both engines
-:class:`RunDirSpec`   ``lmctl.run`` (where the run lives, overwrite and resume rules)
-:class:`LaunchSpec`   ``lmctl.run.launch`` (``--nproc`` and its launcher)
-:class:`PublishSpec`  ``lmctl.publish`` (``--push-to``)
-====================  =====================================================================
-
-Every field of the document belongs to exactly one slice or to :data:`DOCUMENT_ONLY`
-(``tests/test_layers.py`` checks it). A slice's fields carry the document's field names, so
-a flag, its field and the slice that reads it are found by one search.
+slices it reads, typed and frozen, derived once by :func:`slice_config`. Every field of the
+document belongs to exactly one slice or to :data:`DOCUMENT_ONLY` (``tests/test_layers.py``
+checks it); a slice's fields carry the document's field names, so a flag, its field and the
+slice that reads it are found by one search.
 """
 
 from __future__ import annotations
