@@ -112,7 +112,7 @@ def test_deepspeed_without_the_package_says_how_to_install(
         with pytest.raises(ConfigError) as caught:
             _config(tmp_path, **values)
         assert "needs the deepspeed package" in caught.value.message
-        assert "pip install 'lmctl[deepspeed]'" in (caught.value.hint or "")
+        assert "pip install 'lmctl-train[deepspeed]'" in (caught.value.hint or "")
 
 
 def test_launcher_commands(tmp_path: Path) -> None:

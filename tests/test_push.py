@@ -327,7 +327,7 @@ def test_missing_protocol_extra_names_the_extra(tmp_path: Path) -> None:
     proc = lmctl("push", tmp_path, "--to", "gs://my-bucket/models")
     assert proc.returncode == 2, proc.stderr
     (line,) = _error_lines(proc)
-    assert "gcsfs" in line and "pip install 'lmctl[gcs]'" in line
+    assert "gcsfs" in line and "pip install 'lmctl-train[gcs]'" in line
 
 
 def test_missing_extra_is_reported_for_a_simulated_protocol(tmp_path: Path) -> None:
@@ -352,7 +352,7 @@ def test_missing_extra_is_reported_for_a_simulated_protocol(tmp_path: Path) -> N
     )
     assert proc.returncode == 2, proc.stderr
     (line,) = _error_lines(proc)
-    assert "pip install 'lmctl[oss]'" in line
+    assert "pip install 'lmctl-train[oss]'" in line
 
 
 def test_not_a_model_directory_exits_2(tmp_path: Path, s3_store: S3Store) -> None:

@@ -150,4 +150,4 @@ def test_plot_is_skipped_with_one_line_without_matplotlib(
     assert not (tmp_path / "loss.png").exists()
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1
-    assert "lmctl[plot]" in lines[0]
+    assert "pip install 'lmctl-train[plot]'" in lines[0]

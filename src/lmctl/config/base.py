@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from lmctl import secrets
+from lmctl import DISTRIBUTION, secrets
 from lmctl.config.fields import (
     PANEL_DATA,
     PANEL_EVAL,
@@ -378,7 +378,7 @@ class TrainConfig(StrictModel):
     deepspeed: str | None = option(
         None,
         "DeepSpeed ZeRO: a DeepSpeed config JSON file, or 1, 2 or 3 for the shipped config of "
-        "that stage ('auto' values filled from the flags). Needs lmctl[deepspeed].",
+        f"that stage ('auto' values filled from the flags). Needs {DISTRIBUTION}[deepspeed].",
         panel=PANEL_SCALE,
     )
     fsdp: bool = option(
@@ -407,7 +407,7 @@ class TrainConfig(StrictModel):
     peft: Literal["lora"] | None = option(
         None,
         "Parameter-efficient fine-tuning: train a LoRA adapter instead of every weight. "
-        "Needs lmctl[peft].",
+        f"Needs {DISTRIBUTION}[peft].",
         panel=PANEL_SCALE,
     )
     lora_r: int = option(8, "With --peft lora: the adapter's rank.", panel=PANEL_SCALE, gt=0)

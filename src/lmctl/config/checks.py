@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import get_args
 
+from lmctl import install_hint
 from lmctl.config.fields import flag_name
 from lmctl.config.problems import Problems
 from lmctl.config.slices import (
@@ -52,7 +53,7 @@ def require_package(problems: Problems, package: str, flag: str) -> None:
     if find_spec(package) is None:
         problems.add(
             f"{flag} needs the {package} package, which is not installed",
-            f"pip install 'lmctl[{package}]'",
+            install_hint(package),
         )
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from lmctl import install_hint
 from lmctl.fastpaths import losses
 from lmctl.fastpaths.activations import fuse_tanh_gelu
 from lmctl.fastpaths.dropout import train_with_fast_dropout
@@ -25,7 +26,7 @@ ON_THE_MODEL: dict[FastPathName, tuple[Callable[[Any], object], str]] = {
     "fused-gelu": (fuse_tanh_gelu, "the model has no tanh GELU in Python"),
     "fused-linear-loss": (
         losses.fused_linear_training_loss,
-        f"liger-kernel is not installed (pip install 'lmctl[liger]'), or {LINEAR}",
+        f"liger-kernel is not installed ({install_hint('liger')}), or {LINEAR}",
     ),
     "tiled-loss": (losses.tile_training_loss, LINEAR),
     "masked-head": (

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl import __version__, secrets
+from lmctl import HOME, __version__, secrets
 from lmctl.config.slices import AdapterSpec, DataSpec, LoopSpec, ModelSpec, OptimizerSpec, take
 from lmctl.run.history import METRICS_LOG, load_results
 from lmctl.run.rundir import CONFIG_FILE, read_config, record_written
@@ -108,8 +108,7 @@ def write_model_card(
     )
     lines.append(
         f"A {objective.summary.lower()} model {origin} on {source or 'the given data'} "
-        f"with [lmctl](https://pypi.org/project/lmctl/) {__version__} (`{facts.loop.engine}` "
-        "engine)."
+        f"with [lmctl]({HOME}) {__version__} (`{facts.loop.engine}` engine)."
     )
     if adapter.peft:
         lines += [

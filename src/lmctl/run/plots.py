@@ -1,6 +1,6 @@
 """``loss.png`` in a run directory: train and eval loss, and the learning rate, against step.
 
-Drawn with matplotlib, an optional extra (``pip install 'lmctl[plot]'``); without it the
+Drawn with matplotlib, an optional extra (``pip install 'lmctl-train[plot]'``); without it the
 plot is skipped with one log line. Written atomically, so a reader never sees half a file.
 """
 
@@ -10,6 +10,7 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lmctl import install_hint
 from lmctl.run.rundir import record_written
 from lmctl.run.summary import Curves, read_curves
 from lmctl.storage.atomic import atomic_write
@@ -26,7 +27,7 @@ def write_loss_plot(run_dir: Path, console: Console) -> Path | None:
     if curves.empty():
         return None
     if importlib.util.find_spec("matplotlib") is None:
-        console.info(f"matplotlib is not installed: no {PLOT_FILE} (pip install 'lmctl[plot]')")
+        console.info(f"matplotlib is not installed: no {PLOT_FILE} ({install_hint('plot')})")
         return None
     path = run_dir / PLOT_FILE
     atomic_write(path, render_png(curves, title=run_dir.name))

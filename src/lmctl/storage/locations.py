@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from lmctl import install_hint
 from lmctl.errors import ConfigError, LmctlError, PermissionDenied, RemoteUnreachable
 from lmctl.storage import hub
 from lmctl.storage.paths import is_remote, local_path, url_scheme
@@ -136,7 +137,7 @@ def filesystem_class(protocol: str, where: str) -> type[AbstractFileSystem]:
         return fsspec.get_filesystem_class(protocol)
     except ImportError as exc:
         extra, package = EXTRAS.get(protocol, (None, None))
-        install = f"pip install 'lmctl[{extra}]'" if extra else "install its fsspec package"
+        install = install_hint(extra) if extra else "install its fsspec package"
         raise ConfigError(
             f"{where}: {protocol}:// needs the {package or 'protocol'} package, which is not "
             "installed",
