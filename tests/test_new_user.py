@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import (
     TINY_GPT2,
@@ -145,6 +146,27 @@ def test_totals_after_a_resume_cover_the_whole_run(
     card = (out / "README.md").read_text().splitlines()
     row = next(line for line in card if line.startswith("| train_loss |"))
     assert float(row.split("|")[2]) == pytest.approx(totals["train_loss"], rel=1e-3)
+
+    # The rates are the whole run's too: rate times runtime is what the run trained on.
+    steps_rate, samples_rate = totals["train_steps_per_second"], totals["train_samples_per_second"]
+    assert steps_rate == pytest.approx(8 / totals["train_runtime"], rel=1e-2)
+    config = yaml.safe_load((out / "lmctl.yaml").read_text())
+    per_step = config["per_device_train_batch_size"] * config["gradient_accumulation_steps"]
+    assert samples_rate / steps_rate == pytest.approx(per_step, rel=2e-2)
+    # Large numbers read as numbers; the log shows an evaluation as the summary does.
+    flos = next(line for line in card if line.startswith("| total_flos |"))
+    assert re.fullmatch(r"\| total_flos \| \d\.\d{3}e\+\d\d \|", flos), flos
+    eval_loss = next(line.split()[1] for line in proc.stdout.splitlines() if "eval_loss" in line)
+    assert f"step 8: eval_loss {eval_loss}," in proc.stderr, proc.stdout
+
+    # The card shows the command that started the run and the one that extended it.
+    training = "\n".join(card).split("## Training\n\n```\n")[1].split("\n```")[0]
+    first, command, extended, resumed = training.splitlines()
+    assert first == "# trained from step 0 to step 4"
+    assert command.startswith("lmctl train clm --model-type gpt2 --config-overrides ")
+    assert extended == "# extended the finished run from step 4 to step 8"
+    assert resumed == f"lmctl resume {out} --max-steps 8"
+    assert "interrupted" not in "\n".join(card)
 
 
 def test_the_text_column_is_named_with_the_ones_ignored(

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from lmctl.publish.files import published_config
 from tests.conftest import S3Store, free_port, lmctl, tiny_clm_args
 
 pytestmark = pytest.mark.e2e
@@ -54,6 +55,14 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _published(rel: str, path: Path) -> bytes:
+    """What a push publishes of a run's file: a copy of lmctl.yaml without local paths, any
+    other file as it is."""
+    if rel == "lmctl.yaml":
+        return published_config(path.read_text(encoding="utf-8")).encode()
+    return path.read_bytes()
+
+
 def _push(run: Path, dest: str, store: S3Store, *extra: str, **env: str) -> Any:
     return lmctl("push", run, "--to", dest, "--json", *extra, env={**store.env(), **env})
 
@@ -73,7 +82,7 @@ def _assert_published(store: S3Store, prefix: str, run: Path) -> dict[str, Any]:
     assert sorted(listed) == sorted(local)
     for rel, path in local.items():
         data = store.read(f"{prefix}/{rel}")
-        assert _sha256(data) == _sha256(path.read_bytes()) == listed[rel]["sha256"], rel
+        assert _sha256(data) == _sha256(_published(rel, path)) == listed[rel]["sha256"], rel
         assert len(data) == listed[rel]["size"]
     parent, _, name = prefix.rpartition("/")
     assert store.keys(f"{parent}/.{name}.lmctl-staging/") == []
@@ -235,7 +244,8 @@ def test_dry_run_lists_files_and_uploads_nothing(trained_run: Path, s3_store: S3
     proc = _push(trained_run, "s3://models/dry", s3_store, "--dry-run")
     assert proc.returncode == 0, proc.stderr
     listed = {item["path"]: item["size"] for item in json.loads(proc.stdout)["files"]}
-    assert listed == {rel: path.stat().st_size for rel, path in _run_files(trained_run).items()}
+    files = _run_files(trained_run).items()
+    assert listed == {rel: len(_published(rel, path)) for rel, path in files}
     with_checkpoints = _push(
         trained_run, "s3://models/dry", s3_store, "--dry-run", "--include-checkpoints"
     )
@@ -488,6 +498,15 @@ def test_model_card_is_refreshed_from_the_run(trained_run: Path, tmp_path: Path)
     assert "| eval_rouge | 0.2500 |" in text
     assert "- torch 0.0.1\n- datasets " in text and "- tokenizers " in text
     assert "lmctl train clm --model-type gpt2" in text
+    # Without a card, the commands come from the run's log; without either, the command that
+    # reproduces the run from its config.
     card.unlink()
+    refresh_model_card(run, Console())
+    assert "lmctl train clm --model-type gpt2" in card.read_text()
+    card.unlink()
+    log = run / "metrics.jsonl"
+    log.write_text(
+        "".join(line for line in log.read_text().splitlines(True) if "command" not in line)
+    )
     refresh_model_card(run, Console())
     assert "lmctl train clm --config lmctl.yaml" in card.read_text()

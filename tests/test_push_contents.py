@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import lmctl
 
@@ -80,7 +81,8 @@ def test_model_card_names_the_base_model_without_local_paths(
     assert "| max_steps | 2 |" in table
     assert "num_train_epochs" not in table and "warmup_steps" not in table
 
-    # A local copy of a Hub model: its recorded Hub id is the base model.
+    # The model's config remembers another model (its _name_or_path): the card still names
+    # the base model as the user named it.
     config = json.loads((base / "config.json").read_text())
     (base / "config.json").write_text(
         json.dumps({**config, "_name_or_path": "openai-community/gpt2"})
@@ -88,7 +90,16 @@ def test_model_card_names_the_base_model_without_local_paths(
     dest = tmp_path / "dest"
     proc = lmctl("push", out, "--to", dest.as_uri())
     assert proc.returncode == 0, proc.stderr
-    assert card_metadata((dest / "README.md").read_text())["base_model"] == "openai-community/gpt2"
+    assert card_metadata((dest / "README.md").read_text())["base_model"] == "my-gpt2"
+
+    # The published config names local files and folders by their names only; the run's own
+    # keeps its absolute paths (resume and eval read it from anywhere).
+    published = (dest / "lmctl.yaml").read_text()
+    assert str(base.parent) not in published and str(out) not in published
+    shared, kept = yaml.safe_load(published), yaml.safe_load((out / "lmctl.yaml").read_text())
+    assert (shared["model_name_or_path"], shared["output_dir"]) == ("my-gpt2", "run")
+    assert shared["train_file"] == Path(kept["train_file"]).name
+    assert kept["model_name_or_path"] == str(base)
 
 
 def test_a_checkpoint_is_pushed_without_its_training_state(

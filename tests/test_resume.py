@@ -359,7 +359,11 @@ def test_interrupt_saves_checkpoint_and_resume_finishes(
     assert {s for s in saved if s > start} == {*range(7 * (start // 7 + 1), MAX_STEPS, 7), 40}
     assert _logged_step(out) == MAX_STEPS
     card = (out / "README.md").read_text()
-    assert "resumed from a checkpoint with `lmctl resume`" in card
+    assert "# trained from step 0; interrupted\nlmctl train clm " in card
+    assert (
+        f"# continued after an interruption from step {start} to step {MAX_STEPS}\n"
+        f"lmctl resume {out} --save-steps 7 --logging-steps 2\n"
+    ) in card
     events = [json.loads(line) for line in (out / history.METRICS_LOG).read_text().splitlines()]
     assert {"event": "resume", "step": checkpoints.checkpoint_step(latest)}.items() <= events[
         [e.get("event") for e in events].index("resume")
@@ -376,6 +380,11 @@ def test_interrupt_saves_checkpoint_and_resume_finishes(
     assert json.loads(extended.stdout)["global_step"] == MAX_STEPS + 4
     assert checkpoints.latest_checkpoint(out) == out / f"checkpoint-{MAX_STEPS + 4}"
     assert f"max_steps: {MAX_STEPS + 4}" in (out / rundir.CONFIG_FILE).read_text()
+    extended_card = (out / "README.md").read_text()
+    assert (
+        f"# extended the finished run from step {MAX_STEPS} to step {MAX_STEPS + 4}\n"
+        f"lmctl resume {out} --max-steps {MAX_STEPS + 4} --json\n"
+    ) in extended_card
 
 
 @pytest.mark.e2e

@@ -128,6 +128,23 @@ def test_runs_of_a_missing_folder_is_a_usage_error(tmp_path: Path) -> None:
     assert "no such directory" in proc.stderr
 
 
+def test_runs_tell_apart_runs_from_folders_of_the_same_name(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    models = {
+        "a": str(tmp_path / "minilm" / "model"),
+        "b": str(tmp_path / "gpt2-small" / "model"),
+        "c": "openai-community/gpt2",
+    }
+    for name, model in models.items():
+        (runs / name).mkdir(parents=True)
+        config = {"objective": "clm", "model_name_or_path": model}
+        (runs / name / "lmctl.yaml").write_text(json.dumps(config))
+    proc = lmctl("runs", runs, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    shown = {line.split()[0]: line.split()[2] for line in proc.stdout.splitlines()[1:4]}
+    assert shown == {"a": "minilm/model", "b": "gpt2-small/model", "c": "openai-community/gpt2"}
+
+
 def test_sparkline_follows_the_values() -> None:
     assert sparkline([3.0, 2.0, 1.0]) == "█▅▁"
     assert len(sparkline([float(i) for i in range(100)], width=20)) == 20

@@ -144,9 +144,7 @@ def run_resume(
 ) -> dict[str, Any]:
     from lmctl.config.slices import LaunchSpec, take
     from lmctl.distributed import is_main_process
-    from lmctl.run import history
     from lmctl.run.launch import relaunch
-    from lmctl.run.restarts import restarted
     from lmctl.run.resume import plan_resume, refuse_fixed_options
 
     refuse_fixed_options(forbidden, path)
@@ -161,10 +159,6 @@ def run_resume(
         return {"dry_run": True, **described}
     relaunch(take(LaunchSpec, plan.config), console)
     console.info(f"resuming {location or run_dir} from {plan.checkpoint.name} (step {plan.step})")
-    if is_main_process() and not restarted():  # a restart is recorded as such
-        history.append_metrics(
-            run_dir, {"event": "resume", "step": plan.step, "checkpoint": plan.checkpoint.name}
-        )
     from lmctl.cli.train import headline
     from lmctl.engine import train
 

@@ -4,20 +4,27 @@ every file of a model directory. ``checkpoint-*`` folders only on request (whole
 they can be resumed). Of a checkpoint pushed on its own, only the model files: its training
 state (optimizer, scheduler, RNG states, trainer state) only with ``include_optimizer``. A
 model whose files do not match the manifest of its save is refused, and a
-``training_args.bin`` holding a secret is never uploaded.
+``training_args.bin`` holding a secret is never uploaded. A run's ``lmctl.yaml`` is published
+without the local paths of the machine that trained (see :func:`published_config`).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lmctl import secrets
 from lmctl.errors import ConfigError, ModelError
 from lmctl.run import checkpoints, history, rundir
 from lmctl.storage import locations
 from lmctl.storage.atomic import manifest_problem
+from lmctl.storage.paths import url_scheme
 
 #: A checkpoint's training state: what resuming needs, not what loading the model needs.
 TRAINING_STATE = re.compile(
@@ -32,6 +39,9 @@ TRAINING_STATE = re.compile(
 TRAINING_STATE_DIRS = re.compile(r"^(global_step\d+|optimizer_\d+)$")
 #: Pickles that may hold settings, checked for secrets before they are uploaded.
 PICKLED_SETTINGS = ("training_args.bin",)
+#: Folders of the machine that trained (its caches and its copy of a remote run), no part of
+#: how the run was made: published as unset.
+MACHINE_FOLDERS = ("cache_dir", "staging_dir", "prepared_cache_dir")
 
 
 @dataclass(frozen=True)
@@ -147,3 +157,47 @@ def human_size(size: float) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1000
     return f"{size:.1f} TB"
+
+
+@contextmanager
+def for_publication(files: list[LocalFile]) -> Iterator[list[LocalFile]]:
+    """``files`` as they are published: a run's ``lmctl.yaml`` replaced by its copy without
+    local paths (:func:`published_config`), kept in a temporary folder while in use."""
+    with tempfile.TemporaryDirectory(prefix="lmctl-publish-") as folder:
+        published: list[LocalFile] = []
+        for item in files:
+            if item.rel != rundir.CONFIG_FILE:
+                published.append(item)
+                continue
+            copy = Path(folder) / item.rel
+            copy.write_text(published_config(item.path.read_text(encoding="utf-8")), "utf-8")
+            published.append(LocalFile(item.rel, copy, copy.stat().st_size))
+        yield published
+
+
+def published_config(text: str) -> str:
+    """A run's ``lmctl.yaml`` as others may read it: every absolute local path (the run
+    keeps them absolute so that resume works from anywhere) reduced to its last name, and
+    the machine's own folders (:data:`MACHINE_FOLDERS`) unset; URLs, Hub ids and relative
+    paths stay as they are."""
+    import yaml
+
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        return text
+    for name in MACHINE_FOLDERS:
+        if data.get(name) is not None:
+            data[name] = None
+    header.append("# local paths reduced to their names: give your own files and folders")
+    return "\n".join(header) + "\n" + yaml.safe_dump(_reduced(data), sort_keys=False)
+
+
+def _reduced(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _reduced(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_reduced(item) for item in value]
+    if isinstance(value, str) and url_scheme(value) is None and os.path.isabs(value):
+        return Path(value).name
+    return value

@@ -7,7 +7,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lmctl.errors import ConfigError, PermissionDenied, RemoteUnreachable
-from lmctl.publish.files import LocalFile, Selection, is_run_dir, select_files
+from lmctl.publish.files import (
+    LocalFile,
+    Selection,
+    for_publication,
+    is_run_dir,
+    select_files,
+)
 from lmctl.publish.hub import HubTarget
 from lmctl.publish.stores import StoreTarget
 from lmctl.run.card import refresh_model_card
@@ -78,11 +84,13 @@ def push(
     _report_left_out(selection, console)
     if dry_run:
         current = {item.rel for item in selection.files}
+        with for_publication(selection.files) as files:
+            listed = [{"path": item.rel, "size": item.size} for item in files]
         return {
             "dry_run": True,
             "destination": target.url,
-            "files": [{"path": item.rel, "size": item.size} for item in selection.files],
-            "bytes": sum(item.size for item in selection.files),
+            "files": listed,
+            "bytes": sum(item["size"] for item in listed),
             "delete": [rel for rel in target.published_files() if rel not in current],
             "left_out": selection.training_state,
             "withheld": sorted(selection.withheld),
@@ -93,7 +101,8 @@ def push(
         selection = select_files(path, **options)
     elif not (path / "README.md").is_file():
         console.warn(f"{path} has no model card (README.md); pushing without one")
-    return target.publish(selection.files)
+    with for_publication(selection.files) as files:
+        return target.publish(files)
 
 
 def _report_left_out(selection: Selection, console: Console) -> None:
@@ -124,9 +133,10 @@ class PushAfterTraining:
         self.target.check_access()
 
     def push(self, run_dir: Path) -> dict[str, Any]:
-        files = select_files(run_dir, include_checkpoints=False, include_optimizer=False).files
+        selected = select_files(run_dir, include_checkpoints=False, include_optimizer=False)
         try:
-            return self.target.publish(files)
+            with for_publication(selected.files) as files:
+                return self.target.publish(files)
         except (ConfigError, PermissionDenied, RemoteUnreachable) as exc:
             raise type(exc)(
                 f"training finished and is saved in {run_dir}, but the push failed: {exc.message}",

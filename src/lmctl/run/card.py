@@ -3,18 +3,17 @@ regenerated from the run's config and current results before a push."""
 
 from __future__ import annotations
 
-import json
-import math
 import re
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl import HOME, __version__, secrets
 from lmctl.config.slices import AdapterSpec, DataSpec, LoopSpec, ModelSpec, OptimizerSpec, take
-from lmctl.run.history import METRICS_LOG, load_results
+from lmctl.console import format_number
+from lmctl.run.history import METRICS_LOG, Segment, load_results, segments
+from lmctl.run.launch import user_arguments
 from lmctl.run.rundir import CONFIG_FILE, read_config, record_written
 from lmctl.storage.atomic import atomic_write
 from lmctl.storage.paths import is_remote, local_path
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
     from lmctl.console import Console
     from lmctl.objectives.base import Objective
 
-_RESUMED_NOTE = "resumed from a checkpoint"
 _CARD_COMMAND = re.compile(r"^## Training\n\n```\n(.+?)\n```", re.MULTILINE | re.DOTALL)
 _CARD_VERSIONS = re.compile(r"^## Framework versions\n\n((?:- \S+ .+\n?)+)", re.MULTILINE)
 
@@ -41,7 +39,10 @@ class CardFacts:
 
 
 def command_line() -> str:
-    args = ["lmctl", *sys.argv[1:]]
+    """This run's command as the user gave it, named ``lmctl`` whatever path the program
+    was started by (a virtual environment's ``bin/lmctl``, ``python -m lmctl``, a launcher),
+    with tokens hidden."""
+    args = ["lmctl", *user_arguments()]
     return secrets.mask_text(shlex.join(_redact(args)))
 
 
@@ -68,14 +69,18 @@ def write_model_card(
     *,
     objective: Objective,
     results: dict[str, Any],
-    resumed: bool = False,
+    final_step: int | None = None,
     command: str | None = None,
     versions: dict[str, str] | None = None,
 ) -> None:
     """Write the model card.
 
-    ``command`` and ``versions`` describe the training run; they default to this process's
-    command line and libraries (a card regenerated later keeps the original ones).
+    Its Training section shows the command of each segment of the run (the start, each
+    resume, each restart) as ``metrics.jsonl`` records them; ``final_step``: where the
+    segment that writes the card finished (its ``finished`` event is written after the
+    card). A run that recorded no command shows ``command``, by default this process's.
+    ``versions``: the libraries, by default this process's (a card regenerated later keeps
+    the original ones).
     """
     import yaml
 
@@ -121,8 +126,6 @@ def write_model_card(
                 else "."
             ),
         ]
-    if resumed:
-        lines += ["", f"Training was interrupted and {_RESUMED_NOTE} with `lmctl resume`."]
     if results:
         lines += ["", "## Results", "", "| metric | value |", "| --- | --- |"]
         for key, value in results.items():
@@ -132,7 +135,7 @@ def write_model_card(
         "## Training",
         "",
         "```",
-        command or command_line(),
+        *(training_commands(segments(path, final_step)) or [command or command_line()]),
         "```",
         "",
         f"The full resolved configuration is in `{CONFIG_FILE}`; per-step metrics are in "
@@ -150,13 +153,45 @@ def write_model_card(
     record_written(path, "README.md")
 
 
+def training_commands(stretches: list[Segment]) -> list[str]:
+    """The card's lines for a run's segments: each command, and when the run took more than
+    one plain start, what each segment was as a comment above it. A restart by the elastic
+    agent ran its segment's command again, so it has only its comment."""
+    if [segment.event for segment in stretches] == ["start"]:
+        return [stretches[0].command or ""]
+    lines: list[str] = []
+    for index, segment in enumerate(stretches):
+        last = index == len(stretches) - 1
+        lines.append("# " + _segment_note(segment, first=index == 0, last=last))
+        if segment.command and segment.event != "restart":
+            lines.append(segment.command)
+    return lines
+
+
+def _segment_note(segment: Segment, *, first: bool, last: bool) -> str:
+    if segment.event == "start":
+        what = "trained from step 0"
+    elif segment.event == "restart":
+        what = f"restarted by the elastic agent from step {segment.step}"
+    elif segment.extends:
+        what = f"extended the finished run from step {segment.step}"
+    elif first:
+        what = f"continued from a checkpoint at step {segment.step}"
+    else:
+        what = f"continued after an interruption from step {segment.step}"
+    if segment.end is not None:
+        return f"{what} to step {segment.end}"
+    return what if last else f"{what}; interrupted"
+
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 def published_model_name(name: str | None) -> str | None:
-    """How a model card names the base model: its Hub id when it came from the Hub (or when
-    the local copy's config records one as ``_name_or_path``), otherwise only the folder's
-    name, so that no local path is published."""
+    """How a model card names the base model: as the user named it (``--model``), a Hub id
+    as it is and a local folder or a storage URL by its last name only, so that no local
+    path is published. A local copy's ``_name_or_path`` is not taken for its origin: it
+    records whatever the copy was last loaded from, which may be another model."""
     if not name:
         return None
     if name.startswith("hf://"):
@@ -164,16 +199,9 @@ def published_model_name(name: str | None) -> str | None:
     if is_remote(name):
         return name.rstrip("/").rsplit("/", 1)[-1] or None
     path = local_path(name)
-    if not path.exists():
-        return name if _HUB_ID.match(name) else path.name
-    try:
-        recorded = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        origin = recorded.get("_name_or_path") if isinstance(recorded, dict) else None
-    except (OSError, ValueError):
-        origin = None
-    if isinstance(origin, str) and _HUB_ID.match(origin) and not local_path(origin).exists():
-        return origin
-    return path.resolve().name
+    if path.is_absolute() or path.exists() or not _HUB_ID.match(name):
+        return path.resolve().name or None
+    return name
 
 
 def deciding_settings(optimizer: OptimizerSpec, loop: LoopSpec) -> dict[str, Any]:
@@ -211,17 +239,21 @@ def framework_versions() -> dict[str, str]:
 
 
 def _card_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4f}" if math.isfinite(value) else str(value)
-    return str(value)
+    """Four decimals, as the results are rounded; a very large or small number (``total_flos``)
+    in scientific notation, as the log shows it."""
+    readable = isinstance(value, float) and (value == 0 or 1e-3 <= abs(value) < 1e6)
+    if readable:
+        return f"{value:.4f}"
+    return format_number(value)
 
 
 def refresh_model_card(run_dir: Path, console: Console) -> None:
     """Regenerate a run's model card from its config and current results.
 
     Results may have changed since training (``lmctl eval`` updates them). The training
-    command and framework versions are kept from the existing card; without one, the command
-    that reproduces the run from its resolved config and the current versions are written.
+    commands come from the run's ``metrics.jsonl``; for a run that recorded none, the one of
+    the existing card, else the command that reproduces the run from its resolved config.
+    The framework versions are kept from the existing card (without one, the current ones).
     """
     from lmctl.objectives import OBJECTIVES, get_objective
 
@@ -257,7 +289,6 @@ def refresh_model_card(run_dir: Path, console: Console) -> None:
         ),
         objective=objective,
         results=load_results(run_dir),
-        resumed=_RESUMED_NOTE in old,
         command=command,
         versions=versions,
     )

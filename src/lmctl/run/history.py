@@ -1,11 +1,17 @@
 """What a run records as it goes: ``metrics.jsonl``, the ``*_results.json`` files and the
-trainer state, each noted in the run marker (:func:`lmctl.run.rundir.record_written`)."""
+trainer state, each noted in the run marker (:func:`lmctl.run.rundir.record_written`).
+
+``metrics.jsonl`` also holds the run's segments: the command that started it (a ``start``
+event), each ``lmctl resume`` (a ``resume`` event, with its command and whether it extended
+a finished run) and each restart by the elastic agent (a ``restart`` event), so that the
+model card can tell how the run came to be."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +41,80 @@ def finished_step(path: Path) -> int | None:
         if isinstance(record, dict) and record.get("event") == "finished":
             return step if isinstance(step, int) and record.get("step") == step else None
     return None
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl`` (a line cut short by a kill is skipped)."""
+    path = run_dir / METRICS_LOG
+    records: list[dict[str, Any]] = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return records
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One stretch of a run's training, from its start (or a continuation) to its end."""
+
+    #: ``start``, ``resume`` or ``restart`` (by the elastic agent).
+    event: str
+    #: The step it continued from (0 for the start).
+    step: int
+    #: The command that started it (None for a restart: the agent runs the same command
+    #: again).
+    command: str | None
+    #: A resume of a run that had finished (with a longer target).
+    extends: bool
+    #: The step at which it finished; None when it was interrupted (or is still running).
+    end: int | None
+
+
+def record_segment(run_dir: Path, command: str, checkpoint: str | None, step: int) -> None:
+    """A ``start`` event for a run started afresh, or a ``resume`` event for one continued
+    from ``checkpoint`` (at ``step``); either with the command that started it."""
+    if checkpoint is None:
+        append_metrics(run_dir, {"event": "start", "step": 0, "command": command})
+        return
+    record: dict[str, Any] = {"event": "resume", "step": step, "checkpoint": checkpoint}
+    if finished_step(run_dir) == step:
+        record["extends"] = True
+    append_metrics(run_dir, {**record, "command": command})
+
+
+def segments(run_dir: Path, final_step: int | None = None) -> list[Segment]:
+    """The run's segments as ``metrics.jsonl`` records them, oldest first; ``final_step``:
+    where the last one finishes, when its ``finished`` event is not written yet. Empty for a
+    run whose log records no command (written by an older lmctl)."""
+    found: list[Segment] = []
+    for record in read_records(run_dir):
+        event, step = record.get("event"), record.get("step")
+        if event == "finished" and found and isinstance(step, int):
+            found[-1] = dataclasses.replace(found[-1], end=step)
+        elif event in ("start", "resume", "restart") and isinstance(step, int):
+            command = record.get("command")
+            found.append(
+                Segment(
+                    str(event),
+                    step,
+                    command if isinstance(command, str) else None,
+                    bool(record.get("extends")),
+                    None,
+                )
+            )
+    if not any(segment.command for segment in found):
+        return []
+    if final_step is not None and found:
+        found[-1] = dataclasses.replace(found[-1], end=final_step)
+    return found
 
 
 def append_metrics(path: Path, record: dict[str, Any]) -> None:

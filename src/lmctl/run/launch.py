@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 LAUNCH_FIELDS = field_names(LaunchSpec)
 #: Where the launched main process writes its exit code for the process that launched it.
 EXIT_FILE_ENV = "LMCTL_EXIT_FILE"
+#: The command line the user gave (the launched processes get it without the launch options).
+ARGUMENTS_ENV = "LMCTL_ARGUMENTS"
 #: The port of the first machine when --nnodes is above 1 and --master-port is not given.
 DEFAULT_PORT = 29500
 #: With restarts: by default torch's elastic rendezvous keeps one store for every attempt,
@@ -119,6 +121,15 @@ def without_launch_options(arguments: list[str]) -> list[str]:
     return kept
 
 
+def user_arguments() -> list[str]:
+    """lmctl's command line as the user gave it, without the program name: in a process that
+    :func:`relaunch` started, with the launch options it leaves out of the processes'."""
+    given = os.environ.get(ARGUMENTS_ENV)
+    if given is not None and launched():
+        return shlex.split(given)
+    return sys.argv[1:]
+
+
 def relaunch(spec: LaunchSpec, console: Console) -> None:
     """With ``--nproc``, outside a launcher: show the launcher command, run it, and pass on
     the exit code of the run's main process (a launcher exits 1 whenever a process fails,
@@ -139,7 +150,12 @@ def relaunch(spec: LaunchSpec, console: Console) -> None:
             # file descriptor 1 to stderr meanwhile, see lmctl.console.own_stdout).
             launcher = subprocess.Popen(
                 command,
-                env={**os.environ, **environment, EXIT_FILE_ENV: exit_file},
+                env={
+                    **os.environ,
+                    **environment,
+                    EXIT_FILE_ENV: exit_file,
+                    ARGUMENTS_ENV: shlex.join(sys.argv[1:]),
+                },
                 stdout=_result_stream(console),
             )
         except OSError as exc:

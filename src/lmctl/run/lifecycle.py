@@ -193,7 +193,7 @@ def train_samples(dataset: Any, consumed: Callable[[], int]) -> int:
 def start_run_dir(run_dir: Path, spec: RunDirSpec, runtime: Runtime, console: Console) -> None:
     """In the main process, before the run's document is written: remove what
     ``--overwrite-output-dir`` replaces (saying what was kept), record the run's fast paths,
-    and a restart where this start is one."""
+    and this segment of the run: a restart, or the command that started or continued it."""
     others = rundir.prepare_output_dir(spec)
     if others:
         console.info(
@@ -203,6 +203,11 @@ def start_run_dir(run_dir: Path, spec: RunDirSpec, runtime: Runtime, console: Co
     history.write_json(run_dir / history.FAST_PATHS_FILE, runtime.fast_paths.record())
     if restarted():
         record_restart(run_dir, runtime.resume, console)
+    elif runtime.resume is None:
+        history.record_segment(run_dir, card.command_line(), None, 0)
+    else:
+        step = checkpoints.checkpoint_step(runtime.resume)
+        history.record_segment(run_dir, card.command_line(), runtime.resume.name, step)
 
 
 def run_engine(
@@ -295,7 +300,7 @@ def finish_run_dir(
         facts,
         objective=objective,
         results=results,
-        resumed=result.resumed_from is not None,
+        final_step=result.global_step if spec.loop.do_train else None,
     )
     write_loss_plot(run_dir, console)
     if spec.loop.do_train:

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmctl.console import Console
+from lmctl.console import Console, format_number
 from lmctl.run import history
 from lmctl.run.signals import StopRequest
 
@@ -57,8 +57,9 @@ class StepReporter:
                 self.stats[short] = logs[key]
         is_eval = any(key.startswith("eval_") for key in logs)
         if is_eval:
+            # As the end-of-run summary shows them: the same number reads the same in both.
             shown = ", ".join(
-                f"{key} {value:.4g}"
+                f"{key} {format_number(value)}"
                 for key, value in logs.items()
                 if key.startswith("eval_") and isinstance(value, (int, float))
             )

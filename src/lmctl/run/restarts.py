@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl.distributed import rank, restart_count, restartable
 from lmctl.run import checkpoints, history, rundir
-from lmctl.run.summary import read_records
+from lmctl.run.history import read_records
 from lmctl.storage.atomic import atomic_write
 from lmctl.storage.locations import cache_root
 

@@ -1,7 +1,8 @@
 """The run directory contract, shared by every engine and read back by eval and resume.
 
 lmctl.yaml            resolved config (no secrets); `--config` accepts it as is
-metrics.jsonl         one JSON object per logged step or evaluation
+metrics.jsonl         one JSON object per logged step or evaluation, and the run's events:
+                      its start, resumes and restarts (with their commands), its finishes
 train_results.json    upstream-compatible result files (``lmctl eval`` writes
 eval_results.json     eval_results.json only when absent, see lmctl.evaluation)
 all_results.json

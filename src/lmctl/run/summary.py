@@ -19,7 +19,7 @@ from lmctl.errors import LmctlError
 from lmctl.metrics import perplexity
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import checkpoints, rundir
-from lmctl.run.history import METRICS_LOG, STATE_FILE, load_results
+from lmctl.run.history import METRICS_LOG, STATE_FILE, load_results, read_records
 from lmctl.run.resume import resume_command
 
 Point = tuple[int, float]
@@ -38,23 +38,6 @@ class Curves:
 
     def empty(self) -> bool:
         return not (self.train_loss or self.eval_loss)
-
-
-def read_records(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / METRICS_LOG
-    records: list[dict[str, Any]] = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (FileNotFoundError, UnicodeDecodeError):
-        return records
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a kill
-        if isinstance(record, dict):
-            records.append(record)
-    return records
 
 
 def read_curves(run_dir: Path) -> Curves:
@@ -131,9 +114,14 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _model_name(config: dict[str, Any]) -> str | None:
+    """The model a run started from: a Hub id or URL as given, a local folder by its parent
+    and its name (runs from ``a/model`` and ``b/model`` differ, and no long path is shown)."""
     name = config.get("model_name_or_path")
     if isinstance(name, str):
-        return Path(name).name if Path(name).is_absolute() else name
+        path = Path(name)
+        if not path.is_absolute():
+            return name
+        return "/".join(part for part in (path.parent.name, path.name) if part)
     kind = config.get("model_type") or config.get("config_name")
     return f"{kind} (from scratch)" if kind else None
 

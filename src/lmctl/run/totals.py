@@ -1,5 +1,5 @@
 """A run's training totals over every segment of it, as its checkpoints record them, so that
-a resumed run reports the mean loss and the runtime of the whole run."""
+a resumed run reports the mean loss, the runtime and the rates of the whole run."""
 
 from __future__ import annotations
 
@@ -48,18 +48,24 @@ class RunTotals:
             return None
 
 
+#: A session's rates, which a resumed run reports over the whole run.
+RATES = ("train_samples_per_second", "train_steps_per_second")
+
+
 def whole_run(
     metrics: dict[str, Any], before: RunTotals | None, global_step: int
 ) -> dict[str, Any]:
     """A session's end-of-training metrics over the whole run: ``train_loss`` is the mean over
-    every step of every segment, ``train_runtime`` their sum; rates stay this session's.
+    every step of every segment, ``train_runtime`` their sum, and the rates are those of that
+    sum (the steps of the whole run over its runtime; its samples, at this session's samples
+    per step), so that rate times runtime is what the whole run trained on.
 
     Without the totals of the checkpoint resumed from (one written by an older lmctl), the
-    loss and runtime are named as this segment's instead.
+    loss, runtime and rates are named as this segment's instead.
     """
     out = dict(metrics)
     if before is None:
-        for key in ("train_loss", "train_runtime"):
+        for key in ("train_loss", "train_runtime", *RATES):
             if key in out:
                 out[f"{key}_last_segment"] = out.pop(key)
         return out
@@ -67,8 +73,24 @@ def whole_run(
         return out
     session = global_step - before.steps
     out["train_loss"] = (before.loss_sum + out["train_loss"] * session) / max(global_step, 1)
-    out["train_runtime"] = round(before.runtime + out.get("train_runtime", 0.0), 4)
-    return out
+    seconds = out.get("train_runtime", 0.0)
+    out["train_runtime"] = round(before.runtime + seconds, 4)
+    return {**out, **_rates(out, seconds, session, global_step)}
+
+
+def _rates(
+    metrics: dict[str, Any], seconds: float, session: int, global_step: int
+) -> dict[str, float]:
+    """The rates over the whole run, rounded as the Trainer rounds them."""
+    runtime = metrics["train_runtime"]
+    if runtime <= 0 or session <= 0:
+        return {}
+    rates = {"train_steps_per_second": round(global_step / runtime, 3)}
+    samples = metrics.get("train_samples_per_second")
+    if isinstance(samples, (int, float)):
+        per_step = samples * seconds / session
+        rates["train_samples_per_second"] = round(per_step * global_step / runtime, 3)
+    return rates
 
 
 def recorded_totals(before: RunTotals | None) -> dict[str, Any]:
@@ -76,7 +98,10 @@ def recorded_totals(before: RunTotals | None) -> dict[str, Any]:
     train: the totals its checkpoint recorded (none when it recorded none)."""
     if before is None or before.steps <= 0:
         return {}
-    return {
+    metrics = {
         "train_loss": before.loss_sum / before.steps,
         "train_runtime": round(before.runtime, 4),
     }
+    if before.runtime > 0:
+        metrics["train_steps_per_second"] = round(before.steps / before.runtime, 3)
+    return metrics
