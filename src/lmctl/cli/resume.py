@@ -142,12 +142,14 @@ def run_resume(
     dry_run: bool,
     console: Console,
 ) -> dict[str, Any]:
-    from lmctl.config.slices import LaunchSpec, take
+    from lmctl.config.slices import LaunchSpec, RunDirSpec, take
     from lmctl.distributed import is_main_process
     from lmctl.run import history
     from lmctl.run.launch import relaunch
+    from lmctl.run.lock import holding
     from lmctl.run.restarts import restarted
-    from lmctl.run.resume import plan_resume, refuse_fixed_options
+    from lmctl.run.resume import discard_unfinished_saves, plan_resume, refuse_fixed_options
+    from lmctl.run.rundir import commits_checkpoints
 
     refuse_fixed_options(forbidden, path)
     run_dir, location = local_copy(path, console, overrides)
@@ -159,16 +161,21 @@ def run_resume(
 
             console.write(yaml.safe_dump(described, sort_keys=False))
         return {"dry_run": True, **described}
-    relaunch(take(LaunchSpec, plan.config), console)
-    console.info(f"resuming {location or run_dir} from {plan.checkpoint.name} (step {plan.step})")
-    if is_main_process() and not restarted():  # a restart is recorded as such
-        history.append_metrics(
-            run_dir, {"event": "resume", "step": plan.step, "checkpoint": plan.checkpoint.name}
+    launch, spec = take(LaunchSpec, plan.config), take(RunDirSpec, plan.config)
+    with holding(spec, launch, console, "lmctl resume"):
+        relaunch(launch, console)
+        console.info(
+            f"resuming {location or run_dir} from {plan.checkpoint.name} (step {plan.step})"
         )
-    from lmctl.cli.train import headline
-    from lmctl.engine import train
+        if commits_checkpoints(spec):
+            discard_unfinished_saves(run_dir, console)
+        if is_main_process() and not restarted():  # a restart is recorded as such
+            record = {"event": "resume", "step": plan.step, "checkpoint": plan.checkpoint.name}
+            history.append_metrics(run_dir, record)
+        from lmctl.cli.train import headline
+        from lmctl.engine import train
 
-    result = train(plan.config, plan.objective, console)
+        result = train(plan.config, plan.objective, console)
     if is_main_process():
         shown = headline(result["metrics"], result["output_dir"])
         console.summary(f"lmctl resume: {result['output_dir']}", shown)
