@@ -92,8 +92,14 @@ def test_release_keeps_the_run_and_drops_the_record(tmp_path: Path) -> None:
     held.acquire(CONSOLE, str(run))
     (run / "metrics.jsonl").write_text("{}\n")
     held.release()
+    # Not a run directory (no marker): left as it was found.
+    assert [p.name for p in run.iterdir()] == ["metrics.jsonl"]
     assert (run / "metrics.jsonl").read_text() == "{}\n"
-    assert not (run / rundir.HOLDER_FILE).exists()
+    rundir.prepare_output_dir(_spec(run))  # now a run directory
+    held.acquire(CONSOLE, str(run))
+    held.release()
+    # A run directory keeps the empty lock file every later writer shares, not the record.
+    assert (run / rundir.LOCK_FILE).exists() and not (run / rundir.HOLDER_FILE).exists()
     again = lock.RunDirLock(run, "lmctl resume")
     again.acquire(CONSOLE, str(run))  # free again
     again.release()

@@ -9,7 +9,8 @@ in any way, SIGKILL and the out-of-memory killer included, so a lock never outli
 Beside it, ``.lmctl-lock.json`` records who holds it (process id, host, start time, command),
 for the message that refuses a second writer (exit code 2). The holder removes the record
 when it lets go; a record found by the process that just got the lock is that of a run that
-was killed, and is taken over with a line that says so.
+was killed, and is taken over with a line that says so. A folder that is not a run directory
+(refused as one, or a run that failed before it wrote anything) is left as it was found.
 
 Both files are hidden: uploads and pushes skip hidden files, ``lmctl runs`` and resume read
 named files only, and the run marker never lists them (``--overwrite-output-dir`` leaves them
@@ -128,8 +129,11 @@ class RunDirLock:
         atomic_write(self.path / rundir.HOLDER_FILE, json.dumps(asdict(holder)) + "\n")
 
     def release(self) -> None:
-        """Let go: the record goes; a directory that holds nothing else goes with the folders
-        taking the lock created (still under the lock, so that no one takes it meanwhile)."""
+        """Let go: the record goes. Outside a run directory (a folder refused as one, or a run
+        that failed before it wrote anything) the lock file goes too, and so do the folders
+        that taking the lock created, if nothing else is in them: all still under the lock,
+        so that no one takes it meanwhile. A run directory keeps its empty lock file, which
+        every later writer shares."""
         lock, self._lock = self._lock, None
         if lock is None:
             return
@@ -137,9 +141,10 @@ class RunDirLock:
             holder = read_holder(self.path)
             if holder is not None and holder.pid == os.getpid():
                 (self.path / rundir.HOLDER_FILE).unlink(missing_ok=True)
-            if self._created and not rundir.run_entries(self.path):
+            if not rundir.is_lmctl_run(self.path):
                 (self.path / rundir.LOCK_FILE).unlink(missing_ok=True)
-                self._remove_created()
+                if not rundir.run_entries(self.path):
+                    self._remove_created()
         finally:
             lock.release()
 
