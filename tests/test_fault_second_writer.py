@@ -66,6 +66,8 @@ def test_a_second_writer_is_refused_and_the_first_run_keeps_its_checkpoints(
 
         resumed = lmctl("resume", out, cwd=tmp_path, timeout=300)
         assert_clean_failure(resumed, 2, "in use by another run", holder)
+        planned = lmctl("resume", out, "--dry-run", cwd=tmp_path, timeout=300)
+        assert planned.returncode == 0, planned.stderr
         # The half-written save of the live run is not taken for a killed save's leftover.
         assert [p.name for p in out.iterdir() if p.name.startswith(".tmp-checkpoint-4-")] == staged
     finally:

@@ -130,8 +130,10 @@ def test_a_killed_holder_is_taken_over_with_a_line(
     holder: tuple[subprocess.Popen[str], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     proc, run = holder
+    assert lock.in_use(run)
     proc.send_signal(signal.SIGKILL)  # the kernel releases the lock; the record stays
     proc.wait()
+    assert not lock.in_use(run)
     assert lock.read_holder(run) is not None
     held = lock.RunDirLock(run, "lmctl resume")
     held.acquire(CONSOLE, "runs/x")

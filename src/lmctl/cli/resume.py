@@ -146,7 +146,7 @@ def run_resume(
     from lmctl.distributed import is_main_process
     from lmctl.run import history
     from lmctl.run.launch import relaunch
-    from lmctl.run.lock import holding
+    from lmctl.run.lock import holding, in_use
     from lmctl.run.restarts import restarted
     from lmctl.run.resume import discard_unfinished_saves, plan_resume, refuse_fixed_options
     from lmctl.run.rundir import commits_checkpoints
@@ -155,6 +155,8 @@ def run_resume(
     run_dir, location = local_copy(path, console, overrides)
     plan = plan_resume(run_dir, overrides, console, location)
     if dry_run:
+        if not in_use(run_dir):  # else the leftovers may be a live run's saves in progress
+            discard_unfinished_saves(run_dir, console)
         described = plan.describe()
         if not console.options.json:
             import yaml

@@ -190,6 +190,24 @@ def _refusal(path: Path, shown: str) -> ConfigError:
     )
 
 
+def in_use(path: Path) -> bool:
+    """Whether another process holds run directory ``path`` now (for a reader that changes
+    nothing a live run could be writing; it takes no lock and creates no file)."""
+    from filelock import FileLock, Timeout
+
+    if not (path / rundir.LOCK_FILE).is_file():
+        return False
+    probe = FileLock(str(path / rundir.LOCK_FILE), timeout=0)
+    try:
+        probe.acquire()
+    except Timeout:
+        return True
+    except OSError:
+        return False
+    probe.release()
+    return False
+
+
 def _held_for_this_process(path: Path) -> bool:
     """Whether the lmctl process that launched this one holds ``path`` for it."""
     given = os.environ.get(HELD_ENV, "")
