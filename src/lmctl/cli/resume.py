@@ -142,27 +142,37 @@ def run_resume(
     dry_run: bool,
     console: Console,
 ) -> dict[str, Any]:
-    from lmctl.config.slices import LaunchSpec, take
+    from lmctl.config.slices import LaunchSpec, RunDirSpec, take
     from lmctl.distributed import is_main_process
     from lmctl.run.launch import relaunch
-    from lmctl.run.resume import plan_resume, refuse_fixed_options
+    from lmctl.run.lock import holding, in_use
+    from lmctl.run.resume import discard_unfinished_saves, plan_resume, refuse_fixed_options
+    from lmctl.run.rundir import commits_checkpoints
 
     refuse_fixed_options(forbidden, path)
     run_dir, location = local_copy(path, console, overrides)
     plan = plan_resume(run_dir, overrides, console, location)
     if dry_run:
+        if not in_use(run_dir):  # else the leftovers may be a live run's saves in progress
+            discard_unfinished_saves(run_dir, console)
         described = plan.describe()
         if not console.options.json:
             import yaml
 
             console.write(yaml.safe_dump(described, sort_keys=False))
         return {"dry_run": True, **described}
-    relaunch(take(LaunchSpec, plan.config), console)
-    console.info(f"resuming {location or run_dir} from {plan.checkpoint.name} (step {plan.step})")
-    from lmctl.cli.train import headline
-    from lmctl.engine import train
+    launch, spec = take(LaunchSpec, plan.config), take(RunDirSpec, plan.config)
+    with holding(spec, launch, console, "lmctl resume"):
+        relaunch(launch, console)
+        console.info(
+            f"resuming {location or run_dir} from {plan.checkpoint.name} (step {plan.step})"
+        )
+        if commits_checkpoints(spec):
+            discard_unfinished_saves(run_dir, console)
+        from lmctl.cli.train import headline
+        from lmctl.engine import train
 
-    result = train(plan.config, plan.objective, console)
+        result = train(plan.config, plan.objective, console)
     if is_main_process():
         shown = headline(result["metrics"], result["output_dir"])
         console.summary(f"lmctl resume: {result['output_dir']}", shown)

@@ -186,8 +186,9 @@ def run_train(
 
     from lmctl.config.slices import LaunchSpec, RunDirSpec, take
     from lmctl.run.launch import relaunch
+    from lmctl.run.lock import holding
     from lmctl.run.restarts import continue_after_restart
-    from lmctl.run.rundir import check_output_dir
+    from lmctl.run.rundir import check_location, check_output_dir
 
     objective = get_objective(name)
     config = resolve_train_config(name, cli_values, config_file, console)
@@ -200,13 +201,18 @@ def run_train(
 
             console.write(yaml.safe_dump(resolved, sort_keys=False))
         return {"dry_run": True, "config": resolved}
-    relaunch(take(LaunchSpec, config), console)
-    config = config.model_copy(update=asdict(continue_after_restart(take(RunDirSpec, config))))
-    if is_main_process():
-        check_output_dir(take(RunDirSpec, config))
-    from lmctl.engine import train
+    launch = take(LaunchSpec, config)
+    check_location(take(RunDirSpec, config))
+    # The run directory is this run's alone before anything in it is checked or removed.
+    with holding(take(RunDirSpec, config), launch, console, f"lmctl train {name}"):
+        relaunch(launch, console)
+        spec = continue_after_restart(take(RunDirSpec, config))
+        config = config.model_copy(update=asdict(spec))
+        if is_main_process():
+            check_output_dir(spec)
+        from lmctl.engine import train
 
-    result = train(config, objective, console)
+        result = train(config, objective, console)
     if is_main_process():
         console.summary(
             f"lmctl train {name}: {result['output_dir']}",

@@ -128,10 +128,15 @@ def check_run_dir(run_dir: Path) -> None:
     )
 
 
-def find_checkpoint(run_dir: Path, console: Console) -> Path:
-    """The newest complete checkpoint; leftovers of killed saves are removed with a warning."""
+def discard_unfinished_saves(run_dir: Path, console: Console) -> None:
+    """Remove the leftovers of killed saves, with a warning: by the process that holds the run
+    directory (see :mod:`lmctl.run.lock`), since a live run's save in progress looks the same."""
     for leftover in atomic.discard_staging(run_dir):
         console.warn(f"removed {leftover.name}: a save that did not finish")
+
+
+def find_checkpoint(run_dir: Path, console: Console) -> Path:
+    """The newest complete checkpoint (half-written saves are hidden folders, never taken)."""
     checkpoint = checkpoints.newest_checkpoint(run_dir, console)
     if checkpoint is None:
         objective = _saved_objective(run_dir) or "<objective>"

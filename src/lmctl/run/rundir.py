@@ -19,6 +19,9 @@ config.json, model.safetensors, tokenizer files: the final model (save_pretraine
 lmctl_run.json        the run marker, written first: proves that lmctl created the directory
                       and lists every entry lmctl wrote into it (--overwrite-output-dir removes
                       those and nothing else)
+.lmctl-lock           held by the one process that writes the run, and the record of who
+.lmctl-lock.json      that is (:mod:`lmctl.run.lock`); hidden, never listed in the marker,
+                      uploaded or published, and left alone by --overwrite-output-dir
 
 This module holds where the run lives, its marker, the overwrite rules and its config; the
 metrics, results and trainer state are :mod:`lmctl.run.history`, the checkpoints and the
@@ -46,6 +49,9 @@ if TYPE_CHECKING:
 CONFIG_FILE = "lmctl.yaml"
 RUN_MARKER = "lmctl_run.json"
 RUN_FORMAT = "lmctl-run/1"
+#: The run directory's lock and the record of its holder (see lmctl.run.lock).
+LOCK_FILE = ".lmctl-lock"
+HOLDER_FILE = ".lmctl-lock.json"
 #: Leftovers of lmctl's own interrupted writes: staging folders and atomic_write temp files.
 _LEFTOVER = re.compile(r"^\.tmp-(checkpoint-\d+|model)-[\w.-]+$|^\.(?P<file>.+)\.tmp$")
 
@@ -53,6 +59,19 @@ _LEFTOVER = re.compile(r"^\.tmp-(checkpoint-\d+|model)-[\w.-]+$|^\.(?P<file>.+)\
 def is_lmctl_run(path: Path) -> bool:
     """Whether lmctl created ``path`` as a run directory (its run marker is there)."""
     return (path / RUN_MARKER).is_file()
+
+
+def is_lock_entry(name: str) -> bool:
+    """Whether ``name`` is the run directory's lock, its holder record or that record's
+    temporary file: they belong to whichever process holds the directory now, not to a run."""
+    return name in (LOCK_FILE, HOLDER_FILE, f".{HOLDER_FILE}.tmp")
+
+
+def run_entries(path: Path) -> list[Path]:
+    """What ``path`` holds, less the run directory's lock (an empty list for no directory)."""
+    if not path.is_dir():
+        return []
+    return [child for child in path.iterdir() if not is_lock_entry(child.name)]
 
 
 def is_remote_run(spec: RunDirSpec) -> bool:
@@ -90,17 +109,22 @@ def local_run_dir(spec: RunDirSpec) -> Path:
     return run_staging_dir(spec.output_dir, distributed.node_rank(), distributed.nodes())
 
 
-def check_output_dir(spec: RunDirSpec) -> None:
-    """Refuse to write into a non-empty directory unless asked to (before any heavy work).
-
-    --overwrite-output-dir only ever replaces an earlier lmctl run: a directory without the run
-    marker (a project folder that merely holds a file called lmctl.yaml, say) is refused.
-    A remote run directory's local copy must be new or empty unless the run is resumed (what
-    the bucket holds is checked by :mod:`lmctl.mirror`).
-    """
+def check_location(spec: RunDirSpec) -> None:
+    """Refuse a run directory that cannot be one (a file, or below a file; a storage URL with
+    --overwrite-output-dir), before its lock is taken inside it. Writes nothing."""
     path = local_run_dir(spec)
     if is_remote_run(spec):
-        _check_staging(spec, path)
+        if spec.overwrite_output_dir:
+            raise ConfigError(
+                f"--overwrite-output-dir does not apply to a storage URL "
+                f"(--output-dir {spec.output_dir})",
+                "choose a new --output-dir prefix, or delete the old run from the store first",
+            )
+        if path.exists() and not path.is_dir():
+            raise ConfigError(
+                f"--staging-dir {path}: exists and is not a directory",
+                "choose another --staging-dir",
+            )
         return
     if path.exists() and not path.is_dir():
         raise ConfigError(
@@ -114,14 +138,30 @@ def check_output_dir(spec: RunDirSpec) -> None:
                     "choose an --output-dir whose parent folders are directories",
                 )
             break
-    if not path.exists() or not any(path.iterdir()):
+
+
+def check_output_dir(spec: RunDirSpec) -> None:
+    """Refuse to write into a non-empty directory unless asked to (before any heavy work).
+
+    --overwrite-output-dir only ever replaces an earlier lmctl run: a directory without the run
+    marker (a project folder that merely holds a file called lmctl.yaml, say) is refused.
+    A remote run directory's local copy must be new or empty unless the run is resumed (what
+    the bucket holds is checked by :mod:`lmctl.mirror`). The run directory's own lock is not
+    content: the process that checks holds it.
+    """
+    check_location(spec)
+    path = local_run_dir(spec)
+    if is_remote_run(spec):
+        _check_staging(spec, path)
+        return
+    if not run_entries(path):
         return
     if spec.resume_from_checkpoint is not None:
         return
     if spec.overwrite_output_dir:
         if is_lmctl_run(path):
             return
-        entries = sorted(child.name for child in path.iterdir())
+        entries = sorted(child.name for child in run_entries(path))
         shown = ", ".join(entries[:8]) + (
             f" and {len(entries) - 8} more" if len(entries) > 8 else ""
         )
@@ -140,16 +180,7 @@ def check_output_dir(spec: RunDirSpec) -> None:
 
 def _check_staging(spec: RunDirSpec, path: Path) -> None:
     url = spec.output_dir
-    if spec.overwrite_output_dir:
-        raise ConfigError(
-            f"--overwrite-output-dir does not apply to a storage URL (--output-dir {url})",
-            "choose a new --output-dir prefix, or delete the old run from the store first",
-        )
-    if path.exists() and not path.is_dir():
-        raise ConfigError(
-            f"--staging-dir {path}: exists and is not a directory", "choose another --staging-dir"
-        )
-    if spec.resume_from_checkpoint is None and path.is_dir() and any(path.iterdir()):
+    if spec.resume_from_checkpoint is None and run_entries(path):
         raise ConfigError(
             f"--output-dir {url}: its local copy {path} holds an earlier run of that URL, "
             "which may not be fully uploaded; nothing was touched",
@@ -173,10 +204,11 @@ def prepare_output_dir(spec: RunDirSpec) -> list[str]:
 
 def clear_run(path: Path) -> list[str]:
     """Remove every entry the run marker lists (and lmctl's own leftovers of interrupted
-    writes of those); everything else stays. Returns the names kept."""
+    writes of those); everything else stays, the lock of the process that clears included.
+    Returns the names kept."""
     recorded = set(_read_marker(path)) | {RUN_MARKER}
     kept: list[str] = []
-    for child in sorted(path.iterdir()):
+    for child in sorted(run_entries(path)):
         leftover = _LEFTOVER.match(child.name)
         owned = child.name in recorded or (
             leftover is not None
