@@ -478,6 +478,19 @@ class TrainConfig(StrictModel):
             )
         return data
 
+    @field_validator("training_args")
+    @classmethod
+    def _training_args_like_flags(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """Each ``training_args`` value passes the rules of its flag (or, for a field lmctl
+        does not model, its declared type), so that a bad value fails now, naming its key,
+        not as an unexpected error once the Trainer or its data loader meets it."""
+        from lmctl.config.upstream import check_training_args
+
+        checked, problems = check_training_args(value, cls.model_fields)
+        if problems:
+            raise ConfigProblems(problems)
+        return checked
+
     @field_validator("fast_paths", mode="before")
     @classmethod
     def _fast_path_list(cls, value: Any) -> Any:
