@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import S3Store, free_port, lmctl, tiny_clm_args
+from tests.conftest import HUB_ONLINE, S3Store, free_port, lmctl, tiny_clm_args
 
 pytestmark = pytest.mark.e2e
 
 MANIFEST = "lmctl-manifest.json"
-HUB_OFFLINE = {"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "HF_HUB_OFFLINE": "0"}
+HUB_OFFLINE = {"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", **HUB_ONLINE}
 
 
 def _train_args(tokenizer: Path, train: Path, valid: Path, out: Path) -> list[str | Path]:
