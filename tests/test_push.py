@@ -111,7 +111,7 @@ def test_push_to_s3_and_read_back(
     # And in-process, as `lmctl eval` loads a remote model: same logits as the local copy.
     for key, value in s3_store.env().items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("LMCTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("LMCTL_CACHE", str(tmp_path / "cache"))
     from lmctl.storage import locations
 
     fetched = locations.localize("s3://models/tiny")
@@ -138,7 +138,7 @@ def evaluate(model: str, validation: str, out: Path, env: dict[str, str]) -> flo
         "--output-dir",
         out / "eval",
         "--json",
-        env={**env, "LMCTL_CACHE_DIR": str(out / "cache")},
+        env={**env, "LMCTL_CACHE": str(out / "cache")},
     )
     assert proc.returncode == 0, proc.stderr
     loss: float = json.loads(proc.stdout)["metrics"]["eval_loss"]
