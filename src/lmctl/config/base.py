@@ -210,7 +210,7 @@ class TrainConfig(StrictModel):
     staging_dir: str | None = option(
         None,
         "With a storage URL as --output-dir: the local folder the run is written into before "
-        "it is uploaded (default: a folder per URL under $LMCTL_CACHE_DIR/runs, else "
+        "it is uploaded (default: a folder per URL under $LMCTL_CACHE/runs, else "
         "~/.cache/lmctl/runs).",
         panel=PANEL_TRAINING,
     )
@@ -220,6 +220,12 @@ class TrainConfig(StrictModel):
     resume_from_checkpoint: str | None = option(
         None,
         "Continue from a checkpoint directory, or 'auto' for the newest in --output-dir.",
+        panel=PANEL_TRAINING,
+    )
+    strict_resume: bool = option(
+        False,
+        "Refuse to continue (exit 2) when a training file changed since the run started, "
+        "instead of warning.",
         panel=PANEL_TRAINING,
     )
     do_train: bool = option(True, "Train.", panel=PANEL_TRAINING, flags=("--do-train/--no-train",))
