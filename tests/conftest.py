@@ -132,6 +132,11 @@ def without_packages(where: Path, *names: str) -> dict[str, str]:
     return {"PYTHONPATH": path}
 
 
+#: A test that talks to a Hub (on loopback) needs online mode, whatever the environment
+#: exports: TRANSFORMERS_OFFLINE, transformers' older name of HF_HUB_OFFLINE, counts too.
+HUB_ONLINE = {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0"}
+
+
 TINY_GPT2 = ("--model-type", "gpt2", "--config-overrides", "n_layer=2,n_embd=64,n_head=2")
 
 

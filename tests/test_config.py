@@ -189,3 +189,39 @@ def test_an_enormous_wrong_value_is_shown_shortened(tmp_path: Path) -> None:
     assert "'warmup_steps' in" in caught.value.message
     assert "(200002 characters)" in caught.value.message  # the repr, quotes included
     assert len(caught.value.message) < 400
+
+
+def test_training_args_are_checked_like_their_flags(tmp_path: Path, data: dict[str, str]) -> None:
+    """A ``training_args:`` value meets its flag's rules (or its TrainingArguments type) and
+    message, naming the nested key; good values come out as their types."""
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text(
+        "training_args:\n  per_device_train_batch_size: -4\n  logging_first_step: 3\n"
+        "  learning_rat: 0.1\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        build_config(ClmConfig, cli_values=data, config_file=str(config_file))
+    message = caught.value.message
+    assert "3 problems" in message
+    assert "training_args.per_device_train_batch_size: Input should be greater than 0" in message
+    assert "training_args.logging_first_step 3: TrainingArguments.logging_first_step is bool" in (
+        message
+    )
+    assert "training_args.learning_rat: not a TrainingArguments field" in message
+    assert "did you mean 'learning_rate'?" in message
+    with pytest.raises(ConfigError) as flag:
+        build_config(ClmConfig, cli_values={**data, "per_device_train_batch_size": -4})
+    nested = "training_args.per_device_train_batch_size"
+    assert flag.value.message.replace("--per-device-train-batch-size", nested) in message
+
+    config_file.write_text(
+        "training_args:\n  per_device_train_batch_size: '4'\n  logging_first_step: 'true'\n"
+        "  fsdp: full_shard\n  deepspeed: {zero_optimization: {stage: 2}}\n"
+    )
+    config = build_config(ClmConfig, cli_values=data, config_file=str(config_file))
+    assert config.training_args == {
+        "per_device_train_batch_size": 4,
+        "logging_first_step": True,
+        "fsdp": "full_shard",
+        "deepspeed": {"zero_optimization": {"stage": 2}},
+    }

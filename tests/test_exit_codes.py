@@ -33,6 +33,12 @@ def _deepspeed_config(tmp: Path, train: Path, tokenizer: Path) -> list[str | Pat
     return _train(tmp, train, tokenizer, "--config", config)
 
 
+def _nested_negative_batch(tmp: Path, train: Path, tokenizer: Path) -> list[str | Path]:
+    config = tmp / "lmctl.yaml"
+    config.write_text("training_args:\n  per_device_train_batch_size: -4\n")
+    return _train(tmp, train, tokenizer, "--config", config)
+
+
 def _output_under_a_file(tmp: Path, train: Path, tokenizer: Path) -> list[str | Path]:
     (tmp / "notes.txt").write_text("a file\n")
     args = _train(tmp, train, tokenizer)
@@ -58,6 +64,11 @@ CASES: dict[str, tuple[Case, int, str]] = {
     ),
     "deepspeed not installed": (_deepspeed_config, 2, "needs the deepspeed package"),
     "output dir under a file": (_output_under_a_file, 2, "notes.txt"),
+    "negative batch size under training_args": (
+        _nested_negative_batch,
+        2,
+        "training_args.per_device_train_batch_size: Input should be greater than 0 (got -4)",
+    ),
 }
 
 

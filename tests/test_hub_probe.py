@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_clean_failure, lmctl
+from tests.conftest import HUB_ONLINE, assert_clean_failure, lmctl
 
 pytestmark = pytest.mark.e2e
 
@@ -78,7 +78,7 @@ def _train_from_hub(tmp_path: Path, text_files: tuple[Path, Path], env: dict[str
         "1",
         "--output-dir",
         tmp_path / "run",
-        env={**NO_PROXY_ENV, "HF_HUB_OFFLINE": "0", "NO_PROXY": "", "no_proxy": "", **env},
+        env={**NO_PROXY_ENV, **HUB_ONLINE, "NO_PROXY": "", "no_proxy": "", **env},
         timeout=120,
     )
 

@@ -239,3 +239,31 @@ def test_large_text_is_tokenized_in_processes_with_the_same_result(
     assert len(chosen) > 60_000 if objective == "mlm" else len(chosen) > 50_000
     assert chosen.features == single.features
     assert chosen.data.table.equals(single.data.table)
+
+
+def test_one_cache_root(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """LMCTL_CACHE moves prepared data, staged remote runs and fetched files together; the
+    older LMCTL_CACHE_DIR is still read, with one warning line, and yields to LMCTL_CACHE."""
+    from lmctl.storage import paths
+    from lmctl.storage.locations import run_staging_dir
+
+    config = ClmConfig.model_construct(prepared_cache_dir=None)
+    monkeypatch.delenv("LMCTL_CACHE_DIR", raising=False)
+    monkeypatch.setenv("LMCTL_CACHE", str(tmp_path / "big"))
+    assert cache_root(take(DataSpec, config)) == tmp_path / "big" / "prepared"
+    assert run_staging_dir("s3://bucket/run", 0, 1).parent == tmp_path / "big" / "runs"
+    assert paths.cache_root() == tmp_path / "big"
+
+    monkeypatch.delenv("LMCTL_CACHE")
+    monkeypatch.setenv("LMCTL_CACHE_DIR", str(tmp_path / "old"))
+    paths._say_renamed.cache_clear()
+    assert cache_root(take(DataSpec, config)) == tmp_path / "old" / "prepared"
+    assert run_staging_dir("s3://bucket/run", 0, 1).parent == tmp_path / "old" / "runs"
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "LMCTL_CACHE_DIR" in line]
+    assert len(warnings) == 1
+    assert f"set LMCTL_CACHE={tmp_path / 'old'} instead" in warnings[0]
+
+    monkeypatch.setenv("LMCTL_CACHE", str(tmp_path / "big"))
+    assert cache_root(take(DataSpec, config)) == tmp_path / "big" / "prepared"

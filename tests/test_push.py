@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from lmctl.publish.files import published_config
-from tests.conftest import S3Store, free_port, lmctl, tiny_clm_args
+from tests.conftest import HUB_ONLINE, S3Store, free_port, lmctl, tiny_clm_args
 
 pytestmark = pytest.mark.e2e
 
 MANIFEST = "lmctl-manifest.json"
-HUB_OFFLINE = {"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "HF_HUB_OFFLINE": "0"}
+HUB_OFFLINE = {"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", **HUB_ONLINE}
 
 
 def _train_args(tokenizer: Path, train: Path, valid: Path, out: Path) -> list[str | Path]:
@@ -120,7 +120,7 @@ def test_push_to_s3_and_read_back(
     # And in-process, as `lmctl eval` loads a remote model: same logits as the local copy.
     for key, value in s3_store.env().items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("LMCTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("LMCTL_CACHE", str(tmp_path / "cache"))
     from lmctl.storage import locations
 
     fetched = locations.localize("s3://models/tiny")
@@ -147,7 +147,7 @@ def evaluate(model: str, validation: str, out: Path, env: dict[str, str]) -> flo
         "--output-dir",
         out / "eval",
         "--json",
-        env={**env, "LMCTL_CACHE_DIR": str(out / "cache")},
+        env={**env, "LMCTL_CACHE": str(out / "cache")},
     )
     assert proc.returncode == 0, proc.stderr
     loss: float = json.loads(proc.stdout)["metrics"]["eval_loss"]

@@ -41,7 +41,7 @@ def etags(monkeypatch: pytest.MonkeyPatch) -> Any:
 def in_process(s3_store: S3Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> S3Store:
     for key, value in s3_store.env().items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("LMCTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("LMCTL_CACHE", str(tmp_path / "cache"))
     return s3_store
 
 

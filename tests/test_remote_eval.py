@@ -33,7 +33,7 @@ def local_metrics(tiny_clm_run: Path, tmp_path_factory: pytest.TempPathFactory) 
 def test_eval_of_a_run_pushed_to_s3(
     tiny_clm_run: Path, s3_store: S3Store, local_metrics: dict[str, Any], tmp_path: Path
 ) -> None:
-    env = {**s3_store.env(), "LMCTL_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**s3_store.env(), "LMCTL_CACHE": str(tmp_path / "cache")}
     pushed = lmctl("push", tiny_clm_run, "--to", "s3://models/eval/tiny", env=env)
     assert pushed.returncode == 0, pushed.stderr
     before = sorted(p.relative_to(tiny_clm_run) for p in tiny_clm_run.rglob("*"))
@@ -69,7 +69,7 @@ def test_eval_of_a_model_directory_on_s3_with_data_on_s3(
     model.mkdir()
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         (model / name).write_bytes((tiny_clm_run / name).read_bytes())
-    env = {**s3_store.env(), "LMCTL_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**s3_store.env(), "LMCTL_CACHE": str(tmp_path / "cache")}
     assert lmctl("push", model, "--to", "s3://models/eval/bare", env=env).returncode == 0
     _, valid = text_files
     s3_store.client().upload_file(str(valid), s3_store.bucket, "eval/valid.txt")
@@ -96,7 +96,7 @@ def test_eval_of_a_file_url(
 
 
 def test_eval_of_a_missing_remote_model(s3_store: S3Store, tmp_path: Path) -> None:
-    env = {**s3_store.env(), "LMCTL_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**s3_store.env(), "LMCTL_CACHE": str(tmp_path / "cache")}
     proc = lmctl("eval", "s3://models/eval/nothing-here", env=env)
     assert_clean_failure(proc, 2, "s3://models/eval/nothing-here", "not found")
 
@@ -106,7 +106,7 @@ def test_resume_of_a_remote_folder_without_a_run_is_refused(
 ) -> None:
     """A remote run directory is resumed from the store (tests/test_remote_run.py); a
     folder there that holds no run lmctl uploaded is refused before any work."""
-    env = {**s3_store.env(), "LMCTL_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**s3_store.env(), "LMCTL_CACHE": str(tmp_path / "cache")}
     proc = lmctl("resume", "s3://models/eval/nothing-here", env=env)
     assert_clean_failure(proc, 2, "s3://models/eval/nothing-here", "not a run directory")
     assert not (tmp_path / "cache").exists()

@@ -31,7 +31,7 @@ class Store:
             self.url = f"file://{self.root}"
 
     def env(self, tmp: Path) -> dict[str, str]:
-        base = {"LMCTL_CACHE_DIR": str(tmp / "cache")}
+        base = {"LMCTL_CACHE": str(tmp / "cache")}
         return {**base, **(self.s3.env() if self.s3 is not None else {})}
 
     def objects(self) -> dict[str, bytes]:
@@ -114,7 +114,7 @@ def test_train_to_a_remote_run_directory(
     # The same URL again: refused before any work, whether this machine has its copy or not.
     again = lmctl(*args, cwd=tmp_path, env=store.env(tmp_path))
     assert_clean_failure(again, 2, "holds an earlier run", "lmctl resume")
-    fresh = {**store.env(tmp_path), "LMCTL_CACHE_DIR": str(tmp_path / "other-cache")}
+    fresh = {**store.env(tmp_path), "LMCTL_CACHE": str(tmp_path / "other-cache")}
     again = lmctl(*args, cwd=tmp_path, env=fresh)
     assert_clean_failure(again, 2, f"--output-dir {store.url} already holds a run")
     assert store.objects() == objects

@@ -30,7 +30,7 @@ def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         "TORCHELASTIC_MAX_RESTARTS": "1",
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_RUN_ID": "test",
-        "LMCTL_CACHE_DIR": str(tmp_path / "cache"),
+        "LMCTL_CACHE": str(tmp_path / "cache"),
     }
     for name, value in values.items():
         monkeypatch.setenv(name, value)
@@ -57,7 +57,7 @@ def _notes_folder() -> Path:
 def test_nothing_is_noted_without_an_agent_that_restarts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("LMCTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("LMCTL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)

@@ -59,7 +59,7 @@ def test_failure_mapping() -> None:
 def s3_env(s3_store: S3Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> S3Store:
     for key, value in s3_store.env().items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("LMCTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("LMCTL_CACHE", str(tmp_path / "cache"))
     locations.forget_fetched()
     return s3_store
 
@@ -141,7 +141,7 @@ def test_a_registered_filesystem_plugs_in(
             super().__init__(path=mount, fs=LocalFileSystem(), **kwargs)
 
     fsspec.register_implementation("vault", VaultFileSystem, clobber=True)
-    monkeypatch.setenv("LMCTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("LMCTL_CACHE", str(tmp_path / "cache"))
     locations.forget_fetched()
     result = CliRunner().invoke(app, ["push", str(model_dir), "--to", "vault://team/model"])
     assert result.exit_code == 0, result.output

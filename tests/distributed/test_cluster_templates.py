@@ -55,7 +55,7 @@ def _environment(tmp_path: Path, launcher: str) -> tuple[dict[str, str], Path]:
         "NPROC": "1",
         "MASTER_PORT": str(free_port()),
         "OUTPUT_DIR": f"file://{root}",
-        "LMCTL_CACHE_DIR": str(tmp_path / "cache"),
+        "LMCTL_CACHE": str(tmp_path / "cache"),
     }
     return env, root
 

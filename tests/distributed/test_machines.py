@@ -122,7 +122,7 @@ def _metrics(lines: str) -> list[dict[str, Any]]:
 @pytest.fixture
 def store_env(tmp_path: Path) -> dict[str, str]:
     """This test's own cache: the local copies of remote runs, the processes' notes."""
-    return {"LMCTL_CACHE_DIR": str(tmp_path / "cache")}
+    return {"LMCTL_CACHE": str(tmp_path / "cache")}
 
 
 @pytest.mark.parametrize("name", list(OPTIONS))
@@ -179,13 +179,13 @@ def test_a_run_of_two_machines_resumes_on_two_machines_from_the_store(
     root = tmp_path / "store" / "run"
     url = f"file://{root}"
     args = _args(bpe_tokenizer, unique_lines, url, *OPTIONS["trainer"])
-    env = {"LMCTL_CACHE_DIR": str(tmp_path / "cache"), "LMCTL_STEP_DELAY": "0.3"}
+    env = {"LMCTL_CACHE": str(tmp_path / "cache"), "LMCTL_STEP_DELAY": "0.3"}
     procs = _two_machines(args, tmp_path, env)
     kill_when(procs[0], (root / "checkpoint-5" / MANIFEST).is_file)
     kill_tree(procs[1])
     procs[1].communicate()
     assert not (root / "model.safetensors").exists()
-    fresh = {"LMCTL_CACHE_DIR": str(tmp_path / "other-cache")}  # other machines, empty disks
+    fresh = {"LMCTL_CACHE": str(tmp_path / "other-cache")}  # other machines, empty disks
     done = _finish_all(_two_machines(["resume", url], tmp_path, fresh))
     for proc in done:
         assert "files of checkpoint-5 from" in proc.stderr, proc.stderr[-4000:]

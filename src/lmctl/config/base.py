@@ -210,7 +210,7 @@ class TrainConfig(StrictModel):
     staging_dir: str | None = option(
         None,
         "With a storage URL as --output-dir: the local folder the run is written into before "
-        "it is uploaded (default: a folder per URL under $LMCTL_CACHE_DIR/runs, else "
+        "it is uploaded (default: a folder per URL under $LMCTL_CACHE/runs, else "
         "~/.cache/lmctl/runs).",
         panel=PANEL_TRAINING,
     )
@@ -220,6 +220,12 @@ class TrainConfig(StrictModel):
     resume_from_checkpoint: str | None = option(
         None,
         "Continue from a checkpoint directory, or 'auto' for the newest in --output-dir.",
+        panel=PANEL_TRAINING,
+    )
+    strict_resume: bool = option(
+        False,
+        "Refuse to continue (exit 2) when a training file changed since the run started, "
+        "instead of warning.",
         panel=PANEL_TRAINING,
     )
     do_train: bool = option(True, "Train.", panel=PANEL_TRAINING, flags=("--do-train/--no-train",))
@@ -477,6 +483,19 @@ class TrainConfig(StrictModel):
                 ]
             )
         return data
+
+    @field_validator("training_args")
+    @classmethod
+    def _training_args_like_flags(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """Each ``training_args`` value passes the rules of its flag (or, for a field lmctl
+        does not model, its declared type), so that a bad value fails now, naming its key,
+        not as an unexpected error once the Trainer or its data loader meets it."""
+        from lmctl.config.upstream import check_training_args
+
+        checked, problems = check_training_args(value, cls.model_fields)
+        if problems:
+            raise ConfigProblems(problems)
+        return checked
 
     @field_validator("fast_paths", mode="before")
     @classmethod

@@ -212,6 +212,7 @@ class RunDirSpec:
     staging_dir: str | None
     overwrite_output_dir: bool
     resume_from_checkpoint: str | None
+    strict_resume: bool
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,18 @@ transformers release works at once, and a config error never has to import trans
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from lmctl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
 
 
 @dataclass(frozen=True)
@@ -204,7 +208,7 @@ _KIND_WORDS = {
 
 
 def _wrong_type(
-    name: str, field: FieldKind, value: str, flag: str, wanted: str | None = None
+    name: str, field: FieldKind, value: Any, flag: str, wanted: str | None = None
 ) -> ConfigError:
     expected = wanted or _KIND_WORDS.get(field.kind, field.kind)
     return ConfigError(
@@ -264,3 +268,72 @@ def fsdp_flags(value: str | list[str]) -> dict[str, Any] | None:
     if any(word not in FSDP_WORDS for word in words):
         return None
     return {"fsdp": True, **dict(FSDP_WORDS[word] for word in words)}
+
+
+#: lmctl fields that TrainingArguments also has, with another meaning or type there (its
+#: ``fsdp`` is an option string, its ``deepspeed`` a mapping too): under ``training_args``
+#: they follow TrainingArguments' declaration, not lmctl's flag.
+DIFFERENT_IN_TRAINING_ARGUMENTS = frozenset(
+    {"deepspeed", "fsdp", "report_to", "output_dir", "resume_from_checkpoint"}
+)
+
+
+def check_training_args(
+    values: dict[str, Any], fields: dict[str, FieldInfo]
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """``training_args`` of a config file checked like flags: a key that is also one of
+    lmctl's flags (``fields``, the document's) by that flag's rules and messages, any other
+    TrainingArguments field by its declared type, as on an upstream command line. The values
+    as their types, and every problem (message, hint), each naming ``training_args.<key>``."""
+    from pydantic import TypeAdapter, ValidationError
+
+    declared = training_argument_fields()
+    checked: dict[str, Any] = {}
+    problems: list[tuple[str, str]] = []
+    for key, value in values.items():
+        where = f"training_args.{key}"
+        if key not in declared:
+            close = difflib.get_close_matches(key, sorted(declared), n=1, cutoff=0.6)
+            problems.append(
+                (
+                    f"{where}: not a TrainingArguments field of the installed transformers"
+                    + (f" (did you mean '{close[0]}'?)" if close else ""),
+                    "fix the key name, or remove it",
+                )
+            )
+        elif key in fields and key not in DIFFERENT_IN_TRAINING_ARGUMENTS:
+            # The flag's type and bounds.
+            rules: Any = Annotated[fields[key].annotation, fields[key]]
+            try:
+                checked[key] = TypeAdapter(rules).validate_python(value)
+            except ValidationError as exc:
+                for error in exc.errors():
+                    problems.append(
+                        (
+                            f"{where}: {error['msg']} (got {value!r})",
+                            f"fix {where}; see --help for accepted values",
+                        )
+                    )
+        else:
+            try:
+                checked[key] = _declared_value(key, value, declared[key], where)
+            except ConfigError as exc:
+                problems.append((exc.message, exc.hint or ""))
+    return checked, problems
+
+
+def _declared_value(name: str, value: Any, field: FieldKind, where: str) -> Any:
+    """A file's value of a TrainingArguments field: text read as a command line reads it,
+    anything else of the declared kind."""
+    if isinstance(value, str) or (isinstance(value, list) and field.kind != "list"):
+        return parse_training_argument(name, value, where)
+    wanted = {
+        "bool": lambda v: isinstance(v, bool),
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "dict": lambda v: isinstance(v, dict),
+        "list": lambda v: isinstance(v, list),
+    }.get(field.kind)
+    if value is not None and wanted is not None and not wanted(value):
+        raise _wrong_type(name, field, value, where)
+    return value

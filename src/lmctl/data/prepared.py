@@ -18,15 +18,14 @@ and then reuse its result. No collective operation is involved, so a long prepar
 cannot trip the process-group timeout.
 
 Layout: ``<root>/<key>/{manifest.json, data.arrow}`` where root is
-``--prepared-cache-dir``, else ``$LMCTL_CACHE/prepared``, else
-``${XDG_CACHE_HOME:-~/.cache}/lmctl/prepared``.
+``--prepared-cache-dir``, else ``prepared/`` in lmctl's cache
+(:func:`lmctl.storage.paths.cache_root`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl import __version__
 from lmctl.data.load import tokenizer_fingerprint
+from lmctl.storage import paths
 from lmctl.storage.atomic import atomic_dir
 from lmctl.storage.paths import has_glob, is_remote, local_path, matching_files
 
@@ -64,11 +64,7 @@ Builder = Callable[[str, "Dataset", Path], dict[str, Any]]
 def cache_root(data: DataSpec) -> Path:
     if data.prepared_cache_dir is not None:
         return local_path(data.prepared_cache_dir)
-    env = os.environ.get("LMCTL_CACHE")
-    if env:
-        return Path(env).expanduser() / "prepared"
-    base = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    return Path(base).expanduser() / "lmctl" / "prepared"
+    return paths.cache_root() / "prepared"
 
 
 def file_identity(path: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from lmctl.distributed import is_main_process
 from lmctl.errors import ConfigError
 from lmctl.mirror.fetch import sync_checkpoints
 from lmctl.mirror.upload import mirror_for
-from lmctl.run import lifecycle, rundir
+from lmctl.run import datafiles, lifecycle, rundir, tracking
 from lmctl.run.runtime import resolve_runtime
 
 if TYPE_CHECKING:
@@ -60,6 +60,14 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         from lmctl.pipeline import prepare
 
         runtime = resolve_runtime(spec, run_dir, console)
+        if runtime.resume is not None:
+            # Before any work: --strict-resume refuses a training file changed since the start.
+            datafiles.check_train_files(
+                runtime.resume,
+                spec.data,
+                strict=spec.run_dir.strict_resume,
+                console=console if main else None,
+            )
         if spec.scale.fsdp and spec.loop.do_train and runtime.processes == 1:
             raise ConfigError(
                 "--fsdp shards the model over several processes; this run has one",
@@ -70,17 +78,21 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         if main:
             lifecycle.start_run_dir(run_dir, spec.run_dir, runtime, console)
             rundir.write_config(run_dir, config)
+            datafiles.record_train_files(run_dir, spec.data)
         # What the user named the run: its local folder, or the storage URL it is uploaded to.
         shown = str(url) if mirror is not None else str(run_dir)
         console.info(f"run directory: {shown}")
-        result = lifecycle.run_engine(
-            partial(engine.run, prepared, console),
-            run_dir,
-            is_main=main,
-            shown=shown,
-            objective=spec.objective,
-            console=console,
-        )
+        report_to = spec.tracking.report_to
+        tracking.default_stores(report_to, run_dir, spec.loop.engine, console if main else None)
+        with tracking.tracker_failures():
+            result = lifecycle.run_engine(
+                partial(engine.run, prepared, console),
+                run_dir,
+                is_main=main,
+                shown=shown,
+                objective=spec.objective,
+                console=console,
+            )
         if not main:
             return {"output_dir": shown, "global_step": result.global_step, "metrics": {}}
         results = lifecycle.finish_run_dir(

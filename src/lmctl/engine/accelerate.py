@@ -43,7 +43,7 @@ from lmctl.run.progress import StepReporter
 from lmctl.run.record import LoopRecord
 from lmctl.run.signals import StopRequest
 from lmctl.run.totals import RunTotals
-from lmctl.run.tracking import check_trackers, tracked_hyperparameters
+from lmctl.run.tracking import TRACKING_PROJECT, check_trackers, tracked_hyperparameters
 
 if TYPE_CHECKING:
     from lmctl.config.slices import RunSpec
@@ -147,6 +147,7 @@ class AccelerateRun:
         self.reporter = StepReporter(console, self.run_dir, stop, is_main=self.is_main)
         if spec.tracking.report_to:
             self.accelerator.init_trackers(
+                TRACKING_PROJECT,
                 config=tracked_hyperparameters(spec),
                 init_kwargs={
                     "wandb": {"name": self.run_dir.name},

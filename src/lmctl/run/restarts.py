@@ -33,7 +33,7 @@ from lmctl.distributed import rank, restart_count, restartable
 from lmctl.run import checkpoints, history, rundir
 from lmctl.run.history import read_records
 from lmctl.storage.atomic import atomic_write
-from lmctl.storage.locations import cache_root
+from lmctl.storage.paths import cache_root
 
 if TYPE_CHECKING:
     from lmctl.config.slices import RunDirSpec

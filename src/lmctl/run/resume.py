@@ -41,6 +41,8 @@ RESUME_OVERRIDES = (
     "do_eval",
     "per_device_eval_batch_size",
     "report_to",
+    # Whether a training file changed since the run started is refused, or only warned about.
+    "strict_resume",
     # Where and how the processes run (each machine of a multi-node run resumes with its own
     # rank); a checkpoint refuses to continue on another number of processes.
     *field_names(LaunchSpec),

@@ -13,6 +13,7 @@ checkpoint-<step>/    checkpoints (the newest complete one is used to resume), e
                       under a hidden .tmp-* name and renamed when complete, with a manifest
                       (lmctl_checkpoint.json) of its files and sizes
 README.md             model card
+data_files.json       the local training files as the run started on them (lmctl.run.datafiles)
 config.json, model.safetensors, tokenizer files: the final model (save_pretrained), staged
                       under a hidden .tmp-model-* folder and moved into place with its manifest
                       (lmctl_model.json, files and sizes) last

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from lmctl import install_hint
 from lmctl.errors import ConfigError, LmctlError, PermissionDenied, RemoteUnreachable
 from lmctl.storage import hub
-from lmctl.storage.paths import is_remote, local_path, url_scheme
+from lmctl.storage.paths import cache_root, is_remote, local_path, url_scheme
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -372,15 +372,6 @@ def object_matches(
 
 
 # Remote reads ---------------------------------------------------------------------------
-
-
-def cache_root() -> Path:
-    """Where remote files are cached: $LMCTL_CACHE_DIR, else ~/.cache/lmctl (XDG aware)."""
-    configured = os.environ.get("LMCTL_CACHE_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    return Path(xdg).expanduser() / "lmctl"
 
 
 _RECORD = ".lmctl-remote.json"

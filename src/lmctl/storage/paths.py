@@ -1,10 +1,43 @@
 """Local and remote path rules: which strings are fsspec URLs, which local files a data path
-(or glob pattern) names, and a data file's extension."""
+(or glob pattern) names, a data file's extension, and where lmctl keeps its cache."""
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from pathlib import Path
+
+#: The one variable that moves lmctl's cache (prepared data, staged remote runs, fetched
+#: files); the older name of the latter two is still read, with a warning.
+CACHE_VARIABLE = "LMCTL_CACHE"
+OLD_CACHE_VARIABLE = "LMCTL_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    """Where lmctl keeps what it can build or fetch again: $LMCTL_CACHE, else
+    ${XDG_CACHE_HOME:-~/.cache}/lmctl."""
+    configured = os.environ.get(CACHE_VARIABLE)
+    if not configured and os.environ.get(OLD_CACHE_VARIABLE):
+        configured = os.environ[OLD_CACHE_VARIABLE]
+        _say_renamed(configured)
+    if configured:
+        return Path(configured).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(xdg).expanduser() / "lmctl"
+
+
+@functools.cache
+def _say_renamed(value: str) -> None:
+    """Once per process (the main one): the old name still works, and what replaces it."""
+    from lmctl.console import Console
+    from lmctl.distributed import is_main_process
+
+    if is_main_process():
+        Console().warn(
+            f"{OLD_CACHE_VARIABLE} is deprecated: set {CACHE_VARIABLE}={value} instead "
+            "(one cache root for prepared data, staged runs and fetched files)"
+        )
 
 
 def is_remote(path: str) -> bool:
