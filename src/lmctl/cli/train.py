@@ -224,7 +224,7 @@ def resolve_train_config(
     from lmctl.run.rundir import run_dir_of_config
 
     objective = get_objective(name)
-    file_keys = set(read_config_file(config_file)) if config_file else set()
+    file_keys = set(read_config_file(config_file, objective.config_class)) if config_file else set()
     defaults: dict[str, Any] = {}
     embedded = objective.embedded_default()
     if embedded and not any(key in cli_values or key in file_keys for key in SOURCE_KEYS):
