@@ -17,8 +17,6 @@ from lmctl.cli import env as env_cmd
 from lmctl.cli import eval as eval_cmd
 from lmctl.cli import prepare, push, resume, runs, train
 from lmctl.cli.help import OptionDoc, add_command, add_group, set_group_options
-from lmctl.cli.usage import report
-from lmctl.errors import LmctlError
 
 ROOT_HELP = """Train, fine-tune, evaluate, resume and publish transformer language models.
 
@@ -77,12 +75,5 @@ set_group_options(app, ROOT, root, _COMPLETION_OPTIONS)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``lmctl``: an upstream script's command line after ``train OBJ`` is first rewritten
-    into lmctl's flags (:mod:`lmctl.cli.upstream`); a mistake found doing so is told like
-    any other (:mod:`lmctl.cli.usage`)."""
-    args = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = train.upstream_arguments(args)
-    except LmctlError as error:
-        report(error, args, " ".join(args[:2]))
-    app(args=args, prog_name="lmctl")
+    """``lmctl``."""
+    app(args=sys.argv[1:] if argv is None else list(argv), prog_name="lmctl")

@@ -1,6 +1,7 @@
 """Mistakes on the command line itself, told like every other error.
 
-The parser (Typer's copy of Click) finds an unknown option or command, a missing value or a
+The root group first rewrites an upstream script's command line into lmctl's flags. The
+parser (Typer's copy of Click) then finds an unknown option or command, a missing value or a
 value of the wrong type before any command code runs, and would print its own box with no
 hint and nothing on stdout. :class:`CommandGroup`, the class of every lmctl command group,
 hands those to :func:`report` instead: one ``error:`` line naming the flag and a ``hint:``
@@ -45,6 +46,18 @@ def report(error: LmctlError, args: Sequence[str], command: str) -> NoReturn:
     sys.exit(int(error.exit_code))
 
 
+def _in_lmctl_spelling(args: list[str]) -> list[str]:
+    """``args`` with an upstream script's arguments after ``train OBJ`` rewritten into lmctl's
+    flags (:mod:`lmctl.cli.upstream`), before the parser reads them, whichever way the app is
+    started; a mistake found doing so is told like any other."""
+    from lmctl.cli.train import upstream_arguments  # lmctl.cli.train builds on this module
+
+    try:
+        return upstream_arguments(args)
+    except LmctlError as error:
+        report(error, args, " ".join(args[:2]))
+
+
 def _visible_options(command: Any) -> list[str]:
     """The option names ``--help`` shows for ``command`` (hidden ones are never suggested)."""
     names: list[str] = []
@@ -65,10 +78,10 @@ def _closest(word: str, names: list[str]) -> list[str]:
     return [name for score, name in scored if score >= best - 0.05]
 
 
-def usage_error(error: typer.TyperException) -> ConfigError:
-    """The parser's ``error`` as lmctl's usage error: the flag it concerns, and the fix."""
+def usage_error(error: typer.TyperException, path: str) -> ConfigError:
+    """The parser's ``error`` as lmctl's usage error: the flag it concerns, and the fix.
+    ``path``: the command it was found in (``lmctl train mlm``)."""
     ctx = getattr(error, "ctx", None)
-    path = ctx.command_path if ctx is not None else "lmctl"
     if isinstance(error, NoSuchOption):
         known = _visible_options(ctx.command) if ctx is not None else []
         close = _closest(error.option_name, known)
@@ -81,9 +94,21 @@ def usage_error(error: typer.TyperException) -> ConfigError:
     return ConfigError(f"{path}: {message}", f"'{path} --help' shows how to call it")
 
 
-def _command_of(ctx: Any) -> str:
+def _path(error: typer.TyperException, ctx: Any) -> str:
+    """The command ``error`` was found in: its own context's, else the subcommand that ``ctx``
+    (the group that caught it) was starting, else the group."""
+    own = getattr(error, "ctx", None)
+    if own is not None:
+        return str(own.command_path)
+    if ctx is None:
+        return "lmctl"
+    started = ctx.invoked_subcommand
+    return f"{ctx.command_path} {started}" if started else str(ctx.command_path)
+
+
+def _command(path: str) -> str:
     """The command as the ``--json`` object names it (``train mlm``)."""
-    return " ".join(ctx.command_path.split()[1:]) if ctx is not None else ""
+    return " ".join(path.split()[1:])
 
 
 class CommandGroup(TyperGroup):
@@ -97,10 +122,13 @@ class CommandGroup(TyperGroup):
         **extra: Any,
     ) -> Any:
         argv = list(args) if parent is None else parent.meta.get(_ARGV, list(args))
+        if parent is None and not extra.get("resilient_parsing"):
+            args = _in_lmctl_spelling(argv)
         try:
             ctx = super().make_context(info_name, args, parent=parent, **extra)
         except typer.TyperException as error:
-            report(usage_error(error), argv, _command_of(getattr(error, "ctx", None)))
+            path = _path(error, parent)
+            report(usage_error(error, path), argv, _command(path))
         if parent is None:
             ctx.meta[_ARGV] = argv
         return ctx
@@ -109,10 +137,10 @@ class CommandGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except typer.TyperException as error:
-            failed = getattr(error, "ctx", None) or ctx
-            report(usage_error(error), ctx.meta.get(_ARGV, []), _command_of(failed))
+            path = _path(error, ctx)
+            report(usage_error(error, path), ctx.meta.get(_ARGV, []), _command(path))
         except ConfigError as error:  # an unknown command (resolve_command)
-            report(error, ctx.meta.get(_ARGV, []), _command_of(ctx))
+            report(error, ctx.meta.get(_ARGV, []), _command(ctx.command_path))
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         name = args[0] if args else ""
