@@ -21,6 +21,7 @@ from typer._click.exceptions import NoSuchOption  # typer 0.29 carries its own C
 from typer.core import TyperGroup
 
 from lmctl.cli.runner import run_command
+from lmctl.cli.upstream import upstream_arguments
 from lmctl.console import Console, OutputOptions
 from lmctl.errors import ConfigError, LmctlError
 
@@ -50,8 +51,6 @@ def _in_lmctl_spelling(args: list[str]) -> list[str]:
     """``args`` with an upstream script's arguments after ``train OBJ`` rewritten into lmctl's
     flags (:mod:`lmctl.cli.upstream`), before the parser reads them, whichever way the app is
     started; a mistake found doing so is told like any other."""
-    from lmctl.cli.train import upstream_arguments  # lmctl.cli.train builds on this module
-
     try:
         return upstream_arguments(args)
     except LmctlError as error:
