@@ -177,7 +177,7 @@ def test_training_argument_fields_are_the_installed_dataclass() -> None:
     assert set(training_argument_fields()) == installed
 
 
-def test_an_enormous_wrong_value_is_shown_shortened(tmp_path: Path) -> None:
+def test_an_enormous_wrong_value_is_shown_shortened(tmp_path: Path, data: dict[str, str]) -> None:
     from lmctl.config.loader import build_config
     from lmctl.errors import ConfigError
     from lmctl.objectives.clm import ClmConfig
@@ -185,7 +185,8 @@ def test_an_enormous_wrong_value_is_shown_shortened(tmp_path: Path) -> None:
     config = tmp_path / "huge.yaml"
     config.write_text("warmup_steps: " + "9x" * 100_000 + "\n")
     with pytest.raises(ConfigError) as caught:
-        build_config(ClmConfig, cli_values={}, config_file=str(config))
+        # a model and data given: the wrong value is the only problem to report
+        build_config(ClmConfig, cli_values=data, config_file=str(config))
     assert "'warmup_steps' in" in caught.value.message
     assert "(200002 characters)" in caught.value.message  # the repr, quotes included
     assert len(caught.value.message) < 400

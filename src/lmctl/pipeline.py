@@ -22,7 +22,12 @@ from lmctl.fastpaths.install import install_fast_paths
 from lmctl.models.build import build_model
 from lmctl.models.config import build_model_config
 from lmctl.models.plugins import load_plugins
-from lmctl.models.tokenizer import leave_out_segment_ids, load_tokenizer, tokenizer_source
+from lmctl.models.tokenizer import (
+    check_tokenizer_files,
+    leave_out_segment_ids,
+    load_tokenizer,
+    tokenizer_source,
+)
 from lmctl.objectives.collate import SeededCollator
 
 if TYPE_CHECKING:
@@ -80,6 +85,7 @@ def prepare_data(
     from transformers import PretrainedConfig, set_seed
 
     data, loop, options = spec.data, spec.loop, spec.options
+    check_tokenizer_files(spec.tokenizer, spec.model)  # before the data is read
     set_seed(loop.seed)
     load_plugins(spec.model.imports, console)
     has_model = spec.model.given

@@ -121,6 +121,15 @@ def _model_without_weights(c: Ctx) -> str:
     return _damaged_model(c, "gpt2-no-weights", Path.unlink)
 
 
+def _model_without_tokenizer(c: Ctx) -> str:
+    """A copy of the tiny BERT with its config and weights only."""
+    model = c.ws / "notok"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(c.models["bert"] / name, model / name)
+    return str(model)
+
+
 def _model_truncated(c: Ctx) -> str:
     return _damaged_model(c, "gpt2-truncated", _truncate)
 
@@ -350,6 +359,56 @@ CASES = [
         "flag-wrong-type", lambda c: c.with_corpus("--learning-rate", "fast"), 2, "--learning-rate"
     ),
     Case("flag-unknown", lambda c: c.with_corpus("--learning-rat", "0.1"), 2, "--learning-rat"),
+    # Mistakes the command-line parser finds before any command code runs
+    Case("flag-missing-value", lambda c: c.with_corpus("--max-steps"), 2, "--max-steps"),
+    Case("flag-unknown-runs", lambda c: ["runs", str(c.ws), "--bogus-flag"], 2, "--bogus-flag"),
+    Case("command-unknown", lambda c: ["train", "bert"], 2, "clm, mlm, plm, swag"),
+    Case("command-unknown-root", lambda c: ["trian", "clm"], 2, "'lmctl train'"),
+    Case("argument-missing", lambda c: ["resume"], 2, "RUN_DIR"),
+    Case("argument-extra", lambda c: ["eval", c.run(), "surplus"], 2, "surplus"),
+    Case(
+        "config-key-under-two-names",
+        lambda c: c.with_corpus(
+            "--config", c.file("two.yaml", "model: ./a\nmodel_name_or_path: ./b\n")
+        ),
+        2,
+        "both set --model-name-or-path",
+    ),
+    Case(
+        "clm-data-directory",
+        lambda c: c.clm("--train-file", str((c.ws / "data").mkdir() or c.ws / "data")),
+        2,
+        "is a directory",
+    ),
+    Case(
+        "mlm-missing-local-model",
+        lambda c: c.objective(
+            "mlm", "--model", str(c.ws / "minilm"), "--train-file", str(c.corpus)
+        ),
+        2,
+        "no such directory",
+    ),
+    Case(
+        "mlm-model-without-tokenizer",
+        lambda c: c.objective(
+            "mlm", "--model", _model_without_tokenizer(c), "--train-file", str(c.corpus)
+        ),
+        5,
+        "has no tokenizer files: give --tokenizer-name",
+    ),
+    Case(
+        "swag-default-columns-other-layout",
+        lambda c: _encoder_args(
+            c,
+            "swag",
+            c.file(
+                "layout.jsonl",
+                _jsonl([{"question": "q", "a": "x", "b": "y", "answer": 0}] * 8),
+            ),
+        ),
+        3,
+        "no column 'sent1', 'ending0', 'ending1', 'ending2', 'ending3' or 'label'",
+    ),
     Case(
         "contradictory-precision",
         lambda c: c.with_corpus("--bf16", "--fp16"),
@@ -716,6 +775,41 @@ def test_bad_input(case: Case, shared: dict[str, object], tmp_path: Path) -> Non
         changed=len(changed),
     )
     check(case, outcome, changed)
+
+
+#: Cases that fail before any training, run again with ``--json``.
+JSON_CASES = [
+    case
+    for case in CASES
+    if not case.process and case.id.startswith(("flag", "command", "argument", "config"))
+]
+
+
+@pytest.mark.parametrize("case", JSON_CASES, ids=[case.id for case in JSON_CASES])
+def test_bad_input_with_json(case: Case, shared: dict[str, object], tmp_path: Path) -> None:
+    """With --json every failure, a command-line mistake included, prints exactly one JSON
+    object on stdout, with the exit code the command exits with."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ctx = Ctx(
+        ws=ws,
+        tok=shared["tok"],  # type: ignore[arg-type]
+        wordpiece=shared["wordpiece"],  # type: ignore[arg-type]
+        corpus=shared["corpus"],  # type: ignore[arg-type]
+        models=shared["models"],  # type: ignore[arg-type]
+        swag=shared["swag"],  # type: ignore[arg-type]
+        reference=shared["reference"],  # type: ignore[arg-type]
+    )
+    outcome = invoke([*case.build(ctx), "--json"])
+    shown = f"lmctl {' '.join(outcome.argv)}\n{outcome.output[-3000:]}"
+    assert not outcome.traceback, shown
+    assert outcome.code in (case.code, *case.alternatives), shown
+    lines = [line for line in outcome.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, shown
+    payload = json.loads(lines[0])
+    assert payload["exit_code"] == outcome.code, shown
+    if outcome.code:
+        assert payload["status"] == "error" and case.needle in payload["error"], shown
 
 
 def check(case: Case, outcome: Outcome, changed: list[str]) -> None:

@@ -7,7 +7,7 @@ helpers that look at configs, runs and the environment.
 from __future__ import annotations
 
 import sys
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
@@ -17,9 +17,6 @@ from lmctl.cli import env as env_cmd
 from lmctl.cli import eval as eval_cmd
 from lmctl.cli import prepare, push, resume, runs, train
 from lmctl.cli.help import OptionDoc, add_command, add_group, set_group_options
-from lmctl.cli.runner import run_command
-from lmctl.console import OutputOptions
-from lmctl.errors import LmctlError
 
 ROOT_HELP = """Train, fine-tune, evaluate, resume and publish transformer language models.
 
@@ -78,25 +75,5 @@ set_group_options(app, ROOT, root, _COMPLETION_OPTIONS)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``lmctl``: an upstream script's command line after ``train OBJ`` is first rewritten
-    into lmctl's flags (:mod:`lmctl.cli.upstream`)."""
-    args = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = train.upstream_arguments(args)
-    except LmctlError as error:
-        _report(error, args)
-    app(args=args, prog_name="lmctl")
-
-
-def _report(error: LmctlError, args: list[str]) -> NoReturn:
-    """A mistake found before the command line is parsed, told like any other, and exit."""
-
-    def body(console: object) -> NoReturn:
-        raise error
-
-    output = OutputOptions(json="--json" in args, quiet="--quiet" in args or "-q" in args)
-    try:
-        run_command(body, output, " ".join(args[:2]))
-    except typer.Exit as done:
-        sys.exit(done.exit_code)
-    sys.exit(2)
+    """``lmctl``."""
+    app(args=sys.argv[1:] if argv is None else list(argv), prog_name="lmctl")

@@ -122,7 +122,7 @@ def run_validate(file: str, task: str | None, console: Console) -> dict[str, Any
     spec = get_objective(objective)
     embedded = spec.embedded_default()
     defaults = None
-    if embedded and not set(SOURCE_KEYS) & set(read_config_file(file)):
+    if embedded and not set(SOURCE_KEYS) & set(read_config_file(file, spec.config_class)):
         defaults = embedded  # what train runs with when the file names no model and no data
     problems = config_file_problems(spec.config_class, file, objective, defaults)
     if not problems:

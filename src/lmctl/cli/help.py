@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 import typer
 
+from lmctl.cli.usage import CommandGroup
 from lmctl.config.fields import PANEL_ORDER, PANEL_OUTPUT
 
 #: Help text column kept at 80 columns and more.
@@ -240,6 +241,7 @@ def add_group(
         add_completion=app is None,
         pretty_exceptions_enable=False,
         context_settings={"help_option_names": []},
+        cls=CommandGroup,
     )
 
     def callback(ctx: typer.Context) -> None:

@@ -88,17 +88,6 @@ Your own multiple-choice records (any number of endings):
 }
 
 
-def upstream_arguments(args: list[str]) -> list[str]:
-    """``args`` of ``lmctl ...``, with an upstream script's arguments after ``train OBJ``
-    rewritten into lmctl's flags; other commands, and ``--help``, as they are."""
-    if len(args) < 2 or args[0] != "train" or args[1] not in OBJECTIVES or "--help" in args:
-        return args
-    from lmctl.cli.upstream import upstream_command_line
-
-    config_class = get_objective(args[1]).config_class
-    return [*args[:2], *upstream_command_line(args[2:], config_class)]
-
-
 #: Hidden: the TrainingArguments fields given as flags, as JSON (see lmctl.cli.upstream).
 TrainingArgsOpt = Annotated[str | None, typer.Option("--training-args", hidden=True)]
 
@@ -230,7 +219,7 @@ def resolve_train_config(
     from lmctl.run.rundir import run_dir_of_config
 
     objective = get_objective(name)
-    file_keys = set(read_config_file(config_file)) if config_file else set()
+    file_keys = set(read_config_file(config_file, objective.config_class)) if config_file else set()
     defaults: dict[str, Any] = {}
     embedded = objective.embedded_default()
     if embedded and not any(key in cli_values or key in file_keys for key in SOURCE_KEYS):

@@ -34,6 +34,7 @@ from lmctl.config.upstream import (
     training_argument_fields,
 )
 from lmctl.errors import ConfigError
+from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.secrets import is_secret_key, register
 
 #: The hidden option that carries TrainingArguments fields given as flags (a JSON object).
@@ -120,6 +121,15 @@ def _options(model: type[BaseModel]) -> tuple[dict[str, _Option], dict[str, _Opt
         for spelling in spellings:
             by_flag[spelling] = option
     return by_flag, by_field
+
+
+def upstream_arguments(args: list[str]) -> list[str]:
+    """``args`` of ``lmctl ...``, with an upstream script's arguments after ``train OBJ``
+    rewritten into lmctl's flags; other commands, and ``--help``, as they are."""
+    if len(args) < 2 or args[0] != "train" or args[1] not in OBJECTIVES or "--help" in args:
+        return args
+    config_class = get_objective(args[1]).config_class
+    return [*args[:2], *upstream_command_line(args[2:], config_class)]
 
 
 def upstream_command_line(args: list[str], model: type[BaseModel]) -> list[str]:

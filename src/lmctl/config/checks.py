@@ -8,6 +8,7 @@ user sees every problem at once. Objectives add their own rules in their documen
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import get_args
 
 from lmctl import install_hint
@@ -39,6 +40,7 @@ from lmctl.storage.paths import (
     is_remote,
     local_folder_problem,
     local_path,
+    looks_like_path,
     matching_files,
     url_scheme,
 )
@@ -73,6 +75,10 @@ def check_model(model: ModelSpec, tokenizer: TokenizerSpec, problems: Problems) 
                         "write it as comma-separated key=value pairs, e.g. n_layer=2,n_head=4",
                     )
                     break
+    name = model.model_name_or_path or ""
+    # Said now, not after the libraries that would load the model are imported (seconds).
+    if looks_like_path(name) and not is_remote(name) and not local_path(name).exists():
+        problems.add(f"--model-name-or-path {name}: no such directory", "check the path")
     preparing = problems.command == "prepare"
     if not model.given and not preparing:
         problems.add(
@@ -121,7 +127,14 @@ def check_data(
         if path is None:
             continue
         ext = data_extension(path)
-        if ext not in DATA_EXTENSIONS:
+        if not is_remote(path) and local_path(path).is_dir():
+            pattern = str(Path(path) / "*.txt")
+            problems.add(
+                f"{flag_name(name)} {path}: is a directory, not a data file",
+                f"give one file in it, or all of its files of one type as a quoted pattern, "
+                f"e.g. {flag_name(name)} '{pattern}'",
+            )
+        elif ext not in DATA_EXTENSIONS:
             problems.add(
                 f"{flag_name(name)} {path}: unsupported file type '.{ext}'",
                 "use a " + ", ".join(DATA_EXTENSIONS) + " file",

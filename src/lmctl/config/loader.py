@@ -26,8 +26,9 @@ ConfigT = TypeVar("ConfigT", bound=StrictModel)
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml")
 
 
-def read_config_file(path: str) -> dict[str, Any]:
-    """Parse a YAML, JSON or TOML config file into a flat mapping."""
+def read_config_file(path: str, model: type[StrictModel] | None = None) -> dict[str, Any]:
+    """Parse a YAML, JSON or TOML config file into a flat mapping; with ``model``, a key
+    spelled as one of its flags' aliases is read as that field (see :func:`_field_keys`)."""
     file = Path(path).expanduser()
     suffix = file.suffix.lower()
     if suffix not in CONFIG_SUFFIXES:
@@ -49,7 +50,33 @@ def read_config_file(path: str) -> dict[str, Any]:
             f"{path}: the top level must be a mapping of option names to values",
             "write one 'name: value' per line",
         )
-    return data
+    return data if model is None else _field_keys(data, model, path)
+
+
+def _field_keys(data: dict[str, Any], model: type[StrictModel], path: str) -> dict[str, Any]:
+    """``data`` with each key that spells a field as its flag's long alias does (``model:``
+    as ``--model`` is ``model_name_or_path``, ``tokenizer:``, ``import:``) under the field's
+    name; a field given under both spellings is refused, as neither is plainly the one meant.
+    """
+    aliases = {
+        flag.removeprefix("--").replace("-", "_"): name
+        for name, info in model.model_fields.items()
+        for flag in field_extra(info).get("flags", [])
+        if flag.startswith("--") and "/" not in flag
+    }
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in data.items():
+        name = aliases.get(str(key).replace("-", "_"), key)
+        if name in out:
+            alias = key if name != key else spelled[name]
+            raise ConfigError(
+                f"{path}: '{spelled[name]}' and '{key}' both set {flag_name(str(name))}",
+                f"keep one of them ('{alias}' is another name for '{name}')",
+            )
+        out[name] = value
+        spelled[name] = str(key)
+    return out
 
 
 def _parse(text: str, suffix: str, path: str) -> Any:
@@ -91,15 +118,17 @@ def build_config(
     defaults: dict[str, Any] | None = None,
     command: str = "train",
 ) -> ConfigT:
-    """Validate the merged sources into ``model``; every problem becomes one ConfigError.
+    """Validate the merged sources into ``model``; every problem (unknown keys, invalid
+    values, the cross-field rules) becomes one ConfigError that lists them all.
 
     ``command`` selects the cross-field rules (``prepare`` needs no model).
     """
     known = set(model.model_fields)
     file_values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    problems: list[tuple[str, str]] = []
     if config_file is not None:
-        raw = read_config_file(config_file)
+        raw = read_config_file(config_file, model)
         file_objective = raw.pop("objective", None)
         if objective is not None and file_objective not in (None, objective):
             raise ConfigError(
@@ -108,7 +137,7 @@ def build_config(
             )
         fields, passthrough, unknown = translate_upstream(raw, known)
         if unknown:
-            raise ConfigError(_unknown_keys_message(unknown, known, config_file), _HINT_KEYS)
+            problems.append((_unknown_keys_message(unknown, known, config_file), _HINT_KEYS))
         if passthrough and "training_args" in known:
             fields["training_args"] = {**passthrough, **fields.get("training_args", {})}
         file_values = fields
@@ -120,10 +149,11 @@ def build_config(
     for key in cli_values:
         sources[key] = flag_name(key)
     secrets.register_in(merged)
-    try:
-        return model.model_validate(merged, context={"command": command})
-    except ValidationError as exc:
-        raise _config_error(exc, sources) from None
+    config, invalid = _validated(model, merged, sources, command)
+    problems += invalid
+    if config is None or problems:
+        raise _config_error(problems)
+    return config
 
 
 _HINT_KEYS = "fix the key names; 'lmctl train <objective> --help' lists every option"
@@ -140,14 +170,37 @@ def _unknown_keys_message(unknown: list[str], known: set[str], where: str) -> st
     return f"{where}: unknown {noun} " + ", ".join(parts)
 
 
-def _config_error(exc: ValidationError, sources: dict[str, str]) -> ConfigError:
-    items = _error_items(exc, sources)
+def _config_error(items: list[tuple[str, str]]) -> ConfigError:
+    """One error for every problem found; ``--json`` lists them under ``problems``."""
     messages = [message for message, _ in items]
     hints = [hint for _, hint in items]
+    details = {"problems": [{"message": message, "hint": hint} for message, hint in items]}
     if len(messages) == 1:
-        return ConfigError(messages[0], hints[0])
+        return ConfigError(messages[0], hints[0], details)
     listing = "; ".join(f"({i}) {m}" for i, m in enumerate(messages, 1))
-    return ConfigError(f"{len(messages)} problems: {listing}", "; ".join(dict.fromkeys(hints)))
+    return ConfigError(
+        f"{len(messages)} problems: {listing}", "; ".join(dict.fromkeys(hints)), details
+    )
+
+
+def _validated(
+    model: type[ConfigT], values: dict[str, Any], sources: dict[str, str], command: str
+) -> tuple[ConfigT | None, list[tuple[str, str]]]:
+    """The config ``values`` make, or every problem with them: the invalid values, and the
+    cross-field rules checked on the values that are valid (pydantic skips those rules when a
+    field is invalid, and the user would meet them one fix later)."""
+    try:
+        return model.model_validate(values, context={"command": command}), []
+    except ValidationError as exc:
+        problems = _error_items(exc, sources)
+        invalid = {str(error["loc"][0]) for error in exc.errors() if error["loc"]}
+    if invalid:
+        valid = {key: value for key, value in values.items() if key not in invalid}
+        try:
+            model.model_validate(valid, context={"command": command})
+        except ValidationError as exc:
+            problems += [item for item in _error_items(exc, sources) if item not in problems]
+    return None, problems
 
 
 def _error_items(exc: ValidationError, sources: dict[str, str]) -> list[tuple[str, str]]:
@@ -184,7 +237,7 @@ def config_file_problems(
     closest known key), invalid values, and the cross-field rules, which are checked on the
     values that are valid (over ``defaults``). Unreadable files and syntax errors raise
     ConfigError."""
-    raw = read_config_file(path)
+    raw = read_config_file(path, model)
     file_objective = raw.pop("objective", None)
     problems: list[tuple[str, str]] = []
     if objective is not None and file_objective not in (None, objective):
@@ -201,21 +254,8 @@ def config_file_problems(
     if passthrough and "training_args" in known:
         fields["training_args"] = {**passthrough, **fields.get("training_args", {})}
     sources = {key: f"'{key}' in {path}" for key in fields}
-    fields = {**(defaults or {}), **fields}
-    try:
-        model.model_validate(fields, context={"command": "train"})
-        return problems
-    except ValidationError as exc:
-        items = _error_items(exc, sources)
-        invalid = {str(error["loc"][0]) for error in exc.errors() if error["loc"]}
-    problems += items
-    if invalid:
-        valid = {key: value for key, value in fields.items() if key not in invalid}
-        try:
-            model.model_validate(valid, context={"command": "train"})
-        except ValidationError as exc:
-            problems += [item for item in _error_items(exc, sources) if item not in problems]
-    return problems
+    _, invalid = _validated(model, {**(defaults or {}), **fields}, sources, "train")
+    return problems + invalid
 
 
 def json_schema(model: type[StrictModel], objective: str) -> dict[str, Any]:

@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from lmctl.config.base import TrainConfig
 from lmctl.config.fields import flag_name
 from lmctl.errors import ConfigError, ModelError
-from lmctl.models.pretrained import looks_like_path
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import checkpoints, rundir
 from lmctl.run.resume import resume_command
 from lmctl.storage.locations import localize
-from lmctl.storage.paths import is_remote, local_path
+from lmctl.storage.paths import is_remote, local_path, looks_like_path
 
 if TYPE_CHECKING:
     from lmctl.objectives.base import Objective

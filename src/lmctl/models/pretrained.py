@@ -8,16 +8,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from lmctl.errors import ConfigError, ModelError
 from lmctl.storage import hub, locations
-from lmctl.storage.paths import is_remote, local_path
+from lmctl.storage.paths import is_remote, local_path, looks_like_path
 
 if TYPE_CHECKING:
     from lmctl.config.slices import Access
 
 T = TypeVar("T")
-
-
-def looks_like_path(name: str) -> bool:
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
 def hub_kwargs(access: Access, revision: str) -> dict[str, Any]:

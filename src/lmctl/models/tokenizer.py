@@ -9,9 +9,10 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed
-from lmctl.errors import ConfigError
+from lmctl.errors import ConfigError, ModelError
 from lmctl.models.config import max_positions
 from lmctl.models.pretrained import hub_kwargs, load_pretrained
+from lmctl.storage.paths import is_remote, local_path
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -30,6 +31,32 @@ SPECIAL_TOKENS = {
     "unigram": {"bos_token": "<s>", "eos_token": "</s>"}
     | {f"{role}_token": f"<{role}>" for role in _ROLES},
 }
+
+
+#: Files a tokenizer can be read from: what ``save_pretrained`` writes (tokenizer_config.json,
+#: tokenizer.json) and the vocabularies of the slow tokenizers (vocab.txt, vocab.json and
+#: merges.txt, sentencepiece models), by pattern, so that any name that may be one counts.
+TOKENIZER_FILE_PATTERNS = ("tokenizer*", "*vocab*", "merges.txt", "*.model", "*spm*", "*.codes")
+
+
+def check_tokenizer_files(tokenizer_spec: TokenizerSpec, model_spec: ModelSpec) -> None:
+    """Refuse a local model directory that holds no tokenizer when no other tokenizer is
+    named. ``AutoTokenizer`` would quietly build one from the model's type with a vocabulary
+    of its special tokens alone: every word becomes unknown, the data is prepared, and the
+    run fails much later with a non-finite loss. A Hub model keeps its own checks."""
+    name = model_spec.model_name_or_path
+    if tokenizer_spec.tokenizer_name or tokenizer_spec.train_tokenizer or name is None:
+        return
+    path = local_path(name)
+    if is_remote(name) or not path.is_dir():
+        return
+    if any(next(path.glob(pattern), None) for pattern in TOKENIZER_FILE_PATTERNS):
+        return
+    raise ModelError(
+        f"{name} has no tokenizer files: give --tokenizer-name",
+        f"give --tokenizer-name with the tokenizer {name} was trained with (a directory or "
+        "a Hub id), or save that tokenizer into the model directory",
+    )
 
 
 def tokenizer_source(tokenizer_spec: TokenizerSpec, model_spec: ModelSpec) -> str:

@@ -226,7 +226,7 @@ def _columns_of(data: Any) -> list[str]:
 
 
 def check_columns(options: SwagOptions, columns: list[str], where: str) -> None:
-    """Every column the flags name is in the data."""
+    """Every column the flags name is in the data; those that are not are named together."""
     listed = ", ".join(columns)
     required = [
         (options.context_column, "--context-column"),
@@ -236,9 +236,12 @@ def check_columns(options: SwagOptions, columns: list[str], where: str) -> None:
     question = question_column(options, columns)
     if question is not None:
         required.insert(1, (question, "--question-column"))
-    for column, flag in required:
-        if column not in columns:
-            raise DataError(f"{where}: no column '{column}' (columns: {listed})", f"fix {flag}")
+    missing = [(column, flag) for column, flag in required if column not in columns]
+    if missing:
+        names = [f"'{column}'" for column, _ in missing]
+        shown = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+        flags = ", ".join(dict.fromkeys(flag for _, flag in missing))
+        raise DataError(f"{where}: no column {shown} (columns: {listed})", f"fix {flags}")
 
 
 def bad_records(options: SwagOptions, columns: dict[str, list[Any]]) -> list[tuple[int, str]]:

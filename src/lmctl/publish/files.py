@@ -22,6 +22,7 @@ from typing import Any
 from lmctl import secrets
 from lmctl.errors import ConfigError, ModelError
 from lmctl.run import checkpoints, history, rundir
+from lmctl.run.resume import how_to_finish
 from lmctl.storage import locations
 from lmctl.storage.atomic import manifest_problem
 from lmctl.storage.paths import url_scheme
@@ -91,10 +92,10 @@ def select_files(
         raise ConfigError(f"{path}: no such directory", "give a run directory or a model directory")
     if require_model and not (path / "config.json").is_file():
         if is_run_dir(path):
-            raise ConfigError(
-                f"{path}: the run has no final model (no config.json)",
-                f"finish it with 'lmctl resume {path}', or push one of its checkpoint-* folders",
-            )
+            finish = how_to_finish(path)
+            if checkpoints.latest_checkpoint(path) is not None:
+                finish += ", or push one of its checkpoint-* folders"
+            raise ConfigError(f"{path}: the run has no final model (no config.json)", finish)
         raise ConfigError(
             f"{path}: not a run directory ({rundir.CONFIG_FILE}) or a model directory "
             "(config.json)",

@@ -99,6 +99,18 @@ def refuse_fixed_options(forbidden: list[str], run_dir: str) -> None:
     )
 
 
+def how_to_finish(run_dir: Path) -> str:
+    """What finishes a run that stopped early: resuming it when it has a checkpoint to
+    resume from, else starting it again (resume would only say there is no checkpoint)."""
+    if checkpoints.latest_checkpoint(run_dir) is not None:
+        return f"finish it with '{resume_command(run_dir)}'"
+    objective = _saved_objective(run_dir) or "<objective>"
+    return (
+        "it stopped before its first checkpoint, so there is nothing to resume; start it "
+        f"again with: {rundir.restart_command(objective, run_dir)}"
+    )
+
+
 def _saved_objective(run_dir: Path) -> str | None:
     try:
         value = rundir.read_config(run_dir).get("objective")

@@ -49,6 +49,12 @@ def local_path(path: str) -> Path:
     return Path(path.removeprefix("file://")).expanduser()
 
 
+def looks_like_path(name: str) -> bool:
+    """Whether a model name is meant as a local path (``./m``, ``/abs``, ``~/m``, ``a/b/c``)
+    rather than a Hub id (``gpt2``, ``org/model``)."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+
+
 def has_glob(path: str) -> bool:
     """Whether a data path is a pattern (``data/*.txt``) naming several files."""
     return any(char in path for char in "*?[")
