@@ -241,15 +241,18 @@ def outcome(reports: list[dict[str, Any]], launcher_code: int) -> int:
 def errors_to_say(reports: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
     """The errors that the processes left to the process that launched them: each once, none
     that a process said itself, and no interruption of a process that the launcher stopped
-    because another one failed."""
+    because another one failed (or to restart them all)."""
     said = {(r["error"], r["hint"]) for r in reports if r.get("said")}
     failed = {r["attempt"] for r in reports if r["exit_code"] not in (0, ExitCode.INTERRUPTED)}
+    last = max((r["attempt"] for r in reports), default=0)
     errors: list[tuple[str, str | None]] = []
     for report in reports:
         if "error" not in report or report["said"]:
             continue
         error = (str(report["error"]), report["hint"])
-        stopped = report["exit_code"] == ExitCode.INTERRUPTED and report["attempt"] in failed
+        stopped = report["exit_code"] == ExitCode.INTERRUPTED and (
+            report["attempt"] in failed or report["attempt"] < last
+        )
         if error not in said and not stopped:
             said.add(error)
             errors.append(error)
