@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_GPT2, corpus_lines, lmctl
+from tests.conftest import TINY_GPT2, corpus_lines, lmctl, slow_except
 
 
 def test_streaming_without_max_steps_is_a_config_error(text_files: tuple[Path, Path]) -> None:
@@ -52,6 +53,35 @@ def test_streaming_train_run(
     assert "perplexity" in metrics
     assert "streaming" in proc.stderr
     assert (out / "model.safetensors").is_file()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("engine", slow_except(["accelerate", "trainer"], "accelerate"))
+def test_streaming_output_counts_passes_and_samples(
+    engine: str, tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path
+) -> None:
+    """A stream has no length: evaluating it says no step count and then the samples seen;
+    its epoch is the passes completed (the same on both engines); a resumed run's
+    train_samples count every segment."""
+    train, valid = text_files
+    out = tmp_path / "run"
+    proc = lmctl(
+        "train", "clm", *TINY_GPT2, "--tokenizer", bpe_tokenizer, "--train-file", train,
+        "--validation-file", valid, "--streaming", "--max-steps", "4", "--save-steps", "2",
+        "--block-size", "32", "--per-device-train-batch-size", "4", "--logging-steps", "2",
+        "--max-eval-samples", "8", "--engine", engine, "--precision", "auto", "-o", out,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"training in (fp32|bf16) on cpu \(--precision auto\)", proc.stderr)
+    assert "train: streaming " in proc.stderr and " in 1 shard, " in proc.stderr
+    assert "steps" not in next(x for x in proc.stderr.splitlines() if "INFO  evaluating" in x)
+    assert "evaluating: 8 samples" in proc.stderr
+    assert re.search(r"step 4/4  epoch 0  ", proc.stderr), proc.stderr
+    proc = lmctl("resume", out, "--max-steps", "6")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "all_results.json").read_text())["train_samples"] == 6 * 4
+    epochs = [json.loads(line).get("epoch") for line in (out / "metrics.jsonl").open()]
+    assert {epoch for epoch in epochs if epoch is not None} == {0.0}  # under one pass
 
 
 @pytest.mark.e2e

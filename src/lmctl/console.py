@@ -114,6 +114,40 @@ def sparkline(values: list[float], width: int = 32) -> str:
     return "".join(SPARK_BARS[round((v - low) / span * top)] for v in finite)
 
 
+def terminal_console(**options: Any) -> Any:
+    """The rich console that lmctl's messages and progress go to on a terminal (stderr unless
+    ``options`` say otherwise). A message longer than the terminal is wrapped by rich at word
+    boundaries; left to the terminal, it broke lines inside words."""
+    from rich.console import Console as RichConsole
+
+    return RichConsole(**{"stderr": True, "highlight": False, **options})
+
+
+class _Margin:
+    """A renderable drawn two columns narrower than the space it is given."""
+
+    def __init__(self, renderable: Any) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        yield from console.render(self.renderable, options.update_width(options.max_width - 2))
+
+
+def _margin_progress_class() -> type:
+    from rich.progress import Progress
+
+    class MarginProgress(Progress):
+        """A progress display two columns narrower than the terminal. The terminal echoes
+        Ctrl-C as ``^C`` at the cursor, which stands at the end of the display's line: on a
+        full-width line the echo wrapped onto a new line, and the display went on drawing
+        there, leaving its last line above a copy of itself."""
+
+        def get_renderable(self) -> Any:
+            return _Margin(super().get_renderable())
+
+    return MarginProgress
+
+
 class Console:
     def __init__(self, options: OutputOptions | None = None, out: TextIO | None = None) -> None:
         self.options = options or OutputOptions()
@@ -124,14 +158,13 @@ class Console:
         self._progress: Any = None
         self._task: Any = None
         self._start = 0.0
-        self._total = 0
+        self._total: int | None = 0
+        self._description = ""
 
     @property
     def rich(self) -> Any:
         if self._rich is None:
-            from rich.console import Console as RichConsole
-
-            self._rich = RichConsole(stderr=True, highlight=False, soft_wrap=True)
+            self._rich = terminal_console()
         return self._rich
 
     # Messages -----------------------------------------------------------------------------
@@ -177,18 +210,20 @@ class Console:
         warnings.showwarning = show  # type: ignore[assignment]
 
     # Progress -----------------------------------------------------------------------------
-    def start_progress(self, total_steps: int, description: str = "training") -> None:
+    def start_progress(self, total_steps: int | None, description: str = "training") -> None:
+        """``total_steps`` None: a stream, whose length is known once it has been read."""
         self._start = time.monotonic()
-        self._total = total_steps
+        self._total, self._description = total_steps, description
         if self.plain or self.options.quiet:
-            self.info(f"{description}: {total_steps} steps")
+            self.info(description if total_steps is None else f"{description}: {total_steps} steps")
             return
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
 
-        self._progress = Progress(
+        steps = "step {task.completed}" + ("" if total_steps is None else "/{task.total}")
+        self._progress = _margin_progress_class()(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
-            TextColumn("step {task.completed}/{task.total}"),
+            TextColumn(steps),
             TextColumn("{task.fields[stats]}"),
             TimeRemainingColumn(),
             console=self.rich,
@@ -202,15 +237,19 @@ class Console:
         if self._progress is not None:
             self._progress.update(self._task, completed=step, stats=shown)
             return
-        if log_line:
+        if log_line and self._total is not None:  # training, which always has a length
             elapsed = time.monotonic() - self._start
             eta = elapsed / step * (self._total - step) if step else 0.0
             self.info(f"step {step}/{self._total}  {shown}  eta {format_duration(eta)}")
 
-    def stop_progress(self) -> None:
+    def stop_progress(self, samples: int | None = None) -> None:
+        """End the progress display; ``samples``: the samples that a progress without a
+        length (over a stream) turned out to count, said at its end."""
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+        if samples is not None and self._total is None:
+            self.info(f"{self._description}: {samples} samples")
 
     # Results ------------------------------------------------------------------------------
     def summary(self, title: str, metrics: dict[str, Any]) -> None:

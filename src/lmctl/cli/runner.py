@@ -16,7 +16,7 @@ from lmctl import secrets
 from lmctl.console import Console, OutputOptions, own_stdout
 from lmctl.distributed import is_main_process, launched, restartable
 from lmctl.errors import Delegated, ExitCode, Interrupted, LmctlError, TrainingFailed
-from lmctl.run.launch import end_launched_process, report_exit_code
+from lmctl.run.launch import collects_errors, end_launched_process, report_outcome
 from lmctl.run.signals import sigterm_as_interrupt
 
 
@@ -34,6 +34,9 @@ def run_command(
     """
     if not is_main_process():
         output = replace(output, quiet=True, json=False)
+        # Torch's warnings from C++ once, from the main process (torch reads this when it
+        # loads; lmctl has not imported it yet).
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     with own_stdout() as out:
         code = _run(body, Console(output, out), command)
     if launched():
@@ -55,6 +58,8 @@ def _run(
         restarts.note_start()
     code = ExitCode.OK
     payload: dict[str, Any] | None = None
+    #: The error this process stops with, and whether it said it (see :func:`_say`).
+    error: dict[str, Any] | None = None
     try:
         payload = body(console)
     except Delegated as exc:
@@ -64,7 +69,7 @@ def _run(
         code = exc.exit_code
         if is_main_process() or not isinstance(exc, (Interrupted, TrainingFailed)):
             # Every process stops together; the main one says why, once.
-            console.error(exc.message, exc.hint)
+            error = _say(console, exc.message, exc.hint, interruption=isinstance(exc, Interrupted))
         payload = {"error": exc.message, "hint": exc.hint, **exc.details}
         _maybe_traceback()
     except KeyboardInterrupt:
@@ -72,16 +77,20 @@ def _run(
         code = ExitCode.INTERRUPTED
         # Outside the training loop: before its first step, or while the run's results were
         # written after its last one (a checkpoint may exist then).
-        console.error(
-            "interrupted outside the training loop",
-            "if the run directory holds a checkpoint, `lmctl resume DIR` finishes the run; "
-            "otherwise run the command again",
-        )
+        if is_main_process():  # every process was interrupted; the main one says so
+            error = _say(
+                console,
+                "interrupted outside the training loop",
+                "if the run directory holds a checkpoint, `lmctl resume DIR` finishes the run; "
+                "otherwise run the command again",
+                interruption=True,
+            )
         payload = {"error": "interrupted"}
     except Exception as exc:
         console.stop_progress()
         code = ExitCode.INTERNAL
-        console.error(
+        error = _say(
+            console,
             f"unexpected error: {type(exc).__name__}: {exc}",
             "rerun with LMCTL_DEBUG=1 for the traceback, and report it if it looks like a bug",
         )
@@ -92,10 +101,23 @@ def _run(
         console.result(
             {"status": status, "exit_code": int(code), "command": command, **(payload or {})}
         )
-    report_exit_code(code)
+    report_outcome(code, error)
     if restarts is not None:
         restarts.note_end(code, (payload or {}).get("error"))
     return code
+
+
+def _say(
+    console: Console, message: str, hint: str | None, *, interruption: bool = False
+) -> dict[str, Any]:
+    """Print an error where no other process will. In a run that lmctl launched
+    (:mod:`lmctl.run.launch`) the process that launched it says the errors of the other
+    processes once each, and the main process's interruption unless it follows another
+    process's failure (the launcher stops every process when one fails)."""
+    said = not collects_errors() or (is_main_process() and not interruption)
+    if said:
+        console.error(message, hint)
+    return {"error": message, "hint": hint, "said": said}
 
 
 def _restart_notes() -> ModuleType | None:

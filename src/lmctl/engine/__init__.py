@@ -60,6 +60,8 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         from lmctl.pipeline import prepare
 
         runtime = resolve_runtime(spec, run_dir, console)
+        chosen = "" if spec.compute.requested_precision != "auto" else " (--precision auto)"
+        console.info(f"training in {runtime.precision or 'fp32'} on {runtime.device}{chosen}")
         if runtime.resume is not None:
             # Before any work: --strict-resume refuses a training file changed since the start.
             datafiles.check_train_files(

@@ -144,7 +144,9 @@ class AccelerateRun:
         self.is_main = bool(self.accelerator.is_main_process)
         #: Renames each checkpoint into place (see lmctl.run.rundir.commits_checkpoints).
         self.commits_checkpoints = rundir.commits_checkpoints(spec.run_dir)
-        self.reporter = StepReporter(console, self.run_dir, stop, is_main=self.is_main)
+        self.reporter = StepReporter(
+            console, self.run_dir, stop, is_main=self.is_main, streaming=spec.data.streaming
+        )
         if spec.tracking.report_to:
             self.accelerator.init_trackers(
                 TRACKING_PROJECT,
@@ -270,9 +272,7 @@ class AccelerateRun:
             stepped=self._session_steps > 0,
             before=self._totals_before,
             global_step=state.global_step,
-            samples=train_samples(
-                self.prepared.train_dataset, lambda: int(self.record.totals()["samples"])
-            ),
+            samples=train_samples(self.prepared.train_dataset, self.record.run_samples),
             console=self.console,
         )
         self.reporter.end()
@@ -460,9 +460,9 @@ class AccelerateRun:
         tally = evaluation_loop(
             self._even(self.eval_loader), score, lambda step: self.reporter.eval_step(step, steps)
         )
-        self.reporter.end_eval()
-        self.model.train()
         self._eval_count = count = tally.samples
+        self.reporter.end_eval(count)
+        self.model.train()
         results: dict[str, Any] = {"eval_loss": tally.loss}
         if self.is_main:
             results.update({f"eval_{key}": value for key, value in metrics.compute().items()})
@@ -566,7 +566,9 @@ class AccelerateRun:
         state.global_step = saved.global_step
         state.epoch = saved.epoch
         state.log_history = saved.log_history
-        self.record.restore(saved)
+        accumulation = self.loop.gradient_accumulation_steps
+        per_step = batch_size * self.accelerator.num_processes * accumulation
+        self.record.restore(saved, samples_per_step=per_step)
         self._totals_before = RunTotals.of_checkpoint(checkpoint)
         self._position = (int(position["epoch"]), int(position["batches_done"]))
         recorded = StreamRecord.read(path, self.accelerator.process_index)

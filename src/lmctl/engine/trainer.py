@@ -384,6 +384,9 @@ def _stream_position_class() -> type:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.batches += args.gradient_accumulation_steps
+            # A stream has no length to take a fraction of (the Trainer divides by
+            # --max-steps): its epoch is the passes completed, as the accelerate engine has it.
+            state.epoch = float(self.epoch)
 
         def write(self, checkpoint: Path, rank: int) -> None:
             """Record this process's position inside a checkpoint that is being written."""
@@ -400,6 +403,8 @@ def _callback_class() -> type:
             self.reporter = reporter
             #: Whether every process stops now (a signal seen by any of them).
             self.agree: Any = lambda: reporter.stop.requested
+            #: The examples the last evaluation saw.
+            self.eval_samples: Any = lambda: 0
             self.eval_steps = 0
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -432,7 +437,7 @@ def _callback_class() -> type:
 
         def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.eval_steps = 0
-            self.reporter.end_eval()
+            self.reporter.end_eval(self.eval_samples())
 
     return ReportingCallback
 
@@ -444,9 +449,20 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
 
     spec, runtime = prepared.spec, prepared.runtime
     args = training_arguments(spec, runtime, prepared.run_dir)
-    reporter = StepReporter(console, prepared.run_dir, stop, is_main=args.process_index == 0)
+    reporter = StepReporter(
+        console,
+        prepared.run_dir,
+        stop,
+        is_main=args.process_index == 0,
+        streaming=spec.data.streaming,
+    )
     metrics = prepared.objective.metrics()
     reporting = _callback_class()(reporter)
+    callbacks = [reporting]
+    stream_position = None
+    if spec.data.streaming:
+        stream_position = _stream_position_class()(stream_cursor(prepared.train_dataset))
+        callbacks.insert(0, stream_position)  # it sets the epoch that the reporting shows
     trainer = _make_trainer_class()(
         model=prepared.model,
         args=args,
@@ -456,18 +472,16 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
         processing_class=prepared.tokenizer,
         compute_metrics=metrics.trainer_hook(),
         preprocess_logits_for_metrics=reduce_logits,
-        callbacks=[reporting],
+        callbacks=callbacks,
     )
     reporting.agree = lambda: stop_agreed(trainer.accelerator, stop)
+    reporting.eval_samples = lambda: trainer.eval_samples
     trainer.eval_collator = prepared.eval_collator
     trainer.save_total_limit = spec.loop.save_total_limit
     trainer.commits_checkpoints = rundir.commits_checkpoints(spec.run_dir)
     trainer.train_lengths = prepared.train_lengths
     trainer.remove_callback(PrinterCallback)
-    if spec.data.streaming:
-        cursor = stream_cursor(prepared.train_dataset)
-        trainer.stream_position = _stream_position_class()(cursor)
-        trainer.add_callback(trainer.stream_position)
+    trainer.stream_position = stream_position
 
     try:
         with mlflow_run(spec.tracking.report_to, prepared.run_dir, runtime.is_main):

@@ -117,14 +117,14 @@ def evaluate_prepared(prepared: Prepared, console: Console) -> dict[str, Any]:
     # Same random state for every evaluation, whatever loading consumed before.
     set_seed(loop.seed)
     start = time.perf_counter()
-    console.start_progress(len(loader) if hasattr(dataset, "__len__") else 0, "evaluating")
+    console.start_progress(len(loader) if hasattr(dataset, "__len__") else None, "evaluating")
     with torch.inference_mode():
         tally = evaluation_loop(
             loader,
             memory_scorer(model, objective, metrics, device),
             lambda step: console.update_progress(step, {}, log_line=False),
         )
-    console.stop_progress()
+    console.stop_progress(tally.samples)
     runtime = time.perf_counter() - start
     results: dict[str, Any] = loss_metrics(tally.loss, with_perplexity=objective.reports_perplexity)
     results.update({f"eval_{key}": value for key, value in metrics.compute().items()})

@@ -18,17 +18,25 @@ class StepReporter:
     """Turns engine events into progress updates and ``metrics.jsonl`` records."""
 
     def __init__(
-        self, console: Console, run_dir: Path, stop: StopRequest, *, is_main: bool
+        self,
+        console: Console,
+        run_dir: Path,
+        stop: StopRequest,
+        *,
+        is_main: bool,
+        streaming: bool = False,
     ) -> None:
         self.console = console
         self.run_dir = run_dir
         self.stop = stop
         self.is_main = is_main
+        #: Training reads a stream: its epoch is the number of passes completed over it.
+        self.streaming = streaming
         self.stats: dict[str, Any] = {}
         self._start = 0.0
         self._tokens_at_start = 0
         self._training = False
-        self._eval_steps: int | None = None
+        self._evaluating = False
 
     def begin(self, total_steps: int, start_step: int = 0, tokens_seen: int = 0) -> None:
         self._start = time.monotonic()
@@ -41,7 +49,7 @@ class StepReporter:
         if not self.is_main:
             return
         if epoch is not None:
-            self.stats["epoch"] = round(epoch, 2)
+            self.stats["epoch"] = int(epoch) if self.streaming else round(epoch, 2)
         elapsed = time.monotonic() - self._start
         if tokens_seen and elapsed > 0:
             self.stats["tok/s"] = int((tokens_seen - self._tokens_at_start) / elapsed)
@@ -74,15 +82,18 @@ class StepReporter:
 
     def eval_step(self, step: int, total_steps: int | None) -> None:
         """Progress of an evaluation outside training (the final one), as ``lmctl eval``
-        shows it; evaluations during training only log their result."""
+        shows it; evaluations during training only log their result. ``total_steps`` None:
+        the evaluation reads a stream, whose length is known once it has been read."""
         if not self.is_main or self._training:
             return
-        if self._eval_steps is None:
-            self._eval_steps = total_steps or 0
-            self.console.start_progress(self._eval_steps, "evaluating")
+        if not self._evaluating:
+            self._evaluating = True
+            self.console.start_progress(total_steps, "evaluating")
         self.console.update_progress(step, {}, log_line=False)
 
-    def end_eval(self) -> None:
-        if self._eval_steps is not None:
-            self._eval_steps = None
-            self.console.stop_progress()
+    def end_eval(self, samples: int) -> None:
+        """The evaluation's end, with the samples it saw (said when a stream's length was
+        not known beforehand)."""
+        if self._evaluating:
+            self._evaluating = False
+            self.console.stop_progress(samples)

@@ -14,6 +14,11 @@ if TYPE_CHECKING:
     from lmctl.run.progress import StepReporter
 
 
+#: Where a checkpoint's ``trainer_state.json`` records the samples trained on so far (under
+#: ``stateful_callbacks``; the TrainerState has no field for them).
+SAMPLES = "LmctlTrainSamples"
+
+
 def batch_size(batch: dict[str, Any]) -> int:
     return int(next(iter(batch.values())).shape[0])
 
@@ -30,13 +35,21 @@ class LoopRecord:
         )
         # Counters of this session, per process; summed over processes by totals().
         self.local = {"tokens": 0.0, "flos": 0.0, "samples": 0.0}
-        self.restored: dict[str, float] = {"tokens": 0, "flos": 0.0}
+        #: The run's counters before this session (a resumed run: its checkpoint's).
+        self.restored: dict[str, float] = {"tokens": 0, "flos": 0.0, "samples": 0}
         self.flos_per_token = 6 * model.num_parameters(exclude_embeddings=True)
         self.main_input = getattr(model, "main_input_name", "input_ids")
 
-    def restore(self, saved: Any) -> None:
-        """Continue the run totals of a checkpoint's state."""
-        self.restored = {"tokens": saved.num_input_tokens_seen, "flos": saved.total_flos}
+    def restore(self, saved: Any, *, samples_per_step: int) -> None:
+        """Continue the run totals of a checkpoint's state. A checkpoint without a count of
+        samples (written by an older lmctl) counts ``samples_per_step`` for each of its
+        steps, as the Trainer counts them."""
+        recorded = (saved.stateful_callbacks or {}).get(SAMPLES, {}).get("samples")
+        self.restored = {
+            "tokens": saved.num_input_tokens_seen,
+            "flos": saved.total_flos,
+            "samples": saved.global_step * samples_per_step if recorded is None else recorded,
+        }
 
     def count(self, batch: dict[str, Any]) -> None:
         tokens = batch[self.main_input].numel() if self.main_input in batch else 0
@@ -56,7 +69,17 @@ class LoopRecord:
         totals = dict(zip(keys, self.accelerator.reduce(local, "sum").tolist(), strict=True))
         self.state.num_input_tokens_seen = int(self.restored["tokens"] + totals["tokens"])
         self.state.total_flos = self.restored["flos"] + totals["flos"]
+        # Not a callback: TrainerState keeps this mapping as is, and the Trainer ignores
+        # names it does not know.
+        extra: Any = self.state.stateful_callbacks or {}
+        extra[SAMPLES] = {"samples": int(self.restored["samples"] + totals["samples"])}
+        self.state.stateful_callbacks = extra
         return totals
+
+    def run_samples(self) -> int:
+        """Training samples over the whole run, every segment of a resumed one (every
+        process must call this)."""
+        return int(self.restored["samples"] + self.totals()["samples"])
 
     def tokens_estimate(self) -> int:
         """Tokens seen so far for the progress display, without synchronising processes."""

@@ -235,5 +235,6 @@ def _stream(
     if limit is not None:
         stream = stream.take(limit)
     stream.lmctl_plan = plan
-    console.info(f"{split}: streaming {source.where} in {len(source.shards)} shards, {unit}")
+    shards = f"{len(source.shards)} shard{'s' * (len(source.shards) != 1)}"
+    console.info(f"{split}: streaming {source.where} in {shards}, {unit}")
     return stream
