@@ -406,7 +406,8 @@ def test_the_start_of_run_line_is_short_and_the_metadata_keeps_every_reason(
     wrapped = FastPaths.of(_setting(wrappers=("lora",), requested=frozenset(NAMES)))
     install_fast_paths(wrapped, CLM, _gpt2(), training=True)
     assert wrapped.summary(brief=True) == (
-        "fast paths (cpu, fp32): on: fused-gelu, fused-adamw; off: tiled-loss, skip-padding, "
+        "fast paths (cpu, fp32): on: fused-gelu, fused-adamw (named by --fast-paths); off: "
+        "tiled-loss, skip-padding, "
         "fast-dropout, sparse-embedding (LoRA runs the model's own forward)"
     )
     assert wrapped.record()["setting"]["requested"] == sorted(NAMES)

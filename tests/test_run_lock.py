@@ -60,6 +60,7 @@ def _spec(output_dir: Path | str, **changes: object) -> RunDirSpec:
         "staging_dir": None,
         "overwrite_output_dir": False,
         "resume_from_checkpoint": None,
+        "strict_resume": False,
     }
     return RunDirSpec(**{**values, **changes})  # type: ignore[arg-type]
 
@@ -181,7 +182,7 @@ def test_which_process_holds_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     assert lock.holds_run_dir(spec, _launch())  # one process
     assert lock.holds_run_dir(spec, _launch(nproc=2))  # starts the launcher on one machine
     assert not lock.holds_run_dir(spec, _launch(nproc=2, nnodes=2))  # its writers do
-    assert not lock.holds_run_dir(RunDirSpec(None, None, False, None), _launch())
+    assert not lock.holds_run_dir(RunDirSpec(None, None, False, None, False), _launch())
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     assert not lock.holds_run_dir(spec, _launch())  # writes nothing

@@ -188,7 +188,8 @@ class FastPaths:
             for name in self.asked:
                 decision = self.decisions[name]
                 if decision.on is state and (state or decision.by_setting or not brief):
-                    why = "" if brief and state else f" ({decision.reason})"
+                    named = decision.reason == "named by --fast-paths"
+                    why = "" if brief and state and not named else f" ({decision.reason})"
                     groups.setdefault(why, []).append(name)
             if groups:
                 said = ", ".join(", ".join(names) + why for why, names in groups.items())
