@@ -292,7 +292,10 @@ def check_training_args(
     problems: list[tuple[str, str]] = []
     for key, value in values.items():
         where = f"training_args.{key}"
-        if key not in declared and key != "logging_dir":  # lmctl's own: see check_locations
+        if key == "logging_dir":  # a folder of lmctl's own, checked with the locations
+            checked[key] = value
+            continue
+        if key not in declared:
             close = difflib.get_close_matches(key, sorted(declared), n=1, cutoff=0.6)
             problems.append(
                 (
