@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -150,34 +151,53 @@ def filesystem_class(protocol: str, where: str) -> type[AbstractFileSystem]:
         ) from exc
 
 
-def _fail_fast_options(protocol: str) -> dict[str, Any]:
-    """Storage options that make a first probe fail in seconds instead of retrying for long."""
+#: Bounds of every request to an S3 store. botocore's own (60 s to connect, retried 5 times
+#: in "legacy" mode, under s3fs's 5 retries of a timeout) let one request to a store that
+#: stopped answering take half an hour. A request gets 10 s to connect and 60 s for the
+#: store's answer once its body is sent (aiohttp's read timeout starts then, so a 50 MB part
+#: of a checkpoint on a slow link is not cut short); botocore does not retry, s3fs tries a
+#: timed-out request 3 times, and the callers retry whole uploads within their own budget
+#: (see lmctl.mirror.upload).
+CONNECT_TIMEOUT = 10
+READ_TIMEOUT = 60
+S3FS_RETRIES = 3
+
+
+def _request_options(protocol: str, *, fail_fast: bool) -> dict[str, Any]:
+    """Storage options that bound each request; ``fail_fast``: a first probe that fails in
+    seconds instead of retrying. Timeouts set in fsspec's configuration win over the bounds
+    (not over a probe's)."""
     if protocol not in ("s3", "s3a"):
         return {}
     import fsspec.config
 
     configured = dict(fsspec.config.conf.get(protocol, {}).get("config_kwargs", {}))
-    return {
-        "config_kwargs": {
-            **configured,
-            "retries": {"max_attempts": 1, "mode": "standard"},
-            "connect_timeout": 5,
-        }
+    bounds: dict[str, Any] = {
+        "connect_timeout": CONNECT_TIMEOUT,
+        "read_timeout": READ_TIMEOUT,
+        "retries": {"max_attempts": 1, "mode": "standard"},
     }
+    if fail_fast:
+        return {"config_kwargs": {**bounds, **configured, "connect_timeout": 5,
+                                  "retries": {"max_attempts": 1, "mode": "standard"}}}  # fmt: skip
+    return {"config_kwargs": {**bounds, **configured}}
 
 
 def open_location(location: Location, *, fail_fast: bool = False) -> tuple[AbstractFileSystem, str]:
-    """The filesystem and the root path inside it for an fsspec location."""
+    """The filesystem and the root path inside it for an fsspec location; every request to it
+    has a bounded time (:data:`CONNECT_TIMEOUT`, :data:`READ_TIMEOUT`)."""
     from fsspec.core import url_to_fs
 
     filesystem_class(location.protocol, location.url)
-    options = _fail_fast_options(location.protocol) if fail_fast else {}
+    options = _request_options(location.protocol, fail_fast=fail_fast)
     if fail_fast:
         options["skip_instance_cache"] = True
     try:
         fs, root = url_to_fs(location.url, **options)
     except Exception as exc:
         raise failure(exc, location.url) from exc
+    if _is_s3(fs):
+        fs.retries = S3FS_RETRIES
     return fs, root.rstrip("/") or "/"
 
 
@@ -279,6 +299,8 @@ def file_digests(path: Path) -> Digests:
 
 #: Part size of S3 uploads: a file under twice this goes up in one request, with its SHA-256.
 UPLOAD_CHUNK = 50 * 2**20
+#: The slowest upload rate (bytes a second) that counts as an upload still going on.
+SLOWEST_UPLOAD = 2**18
 
 
 def _is_s3(fs: AbstractFileSystem) -> bool:
@@ -286,13 +308,36 @@ def _is_s3(fs: AbstractFileSystem) -> bool:
     return any(name in ("s3", "s3a") for name in protocols)
 
 
-def upload(fs: AbstractFileSystem, local: Path, remote: str, size: int) -> None:
+def upload(
+    fs: AbstractFileSystem,
+    local: Path,
+    remote: str,
+    size: int,
+    *,
+    progress: Callable[[], None] | None = None,
+) -> None:
     """Upload one file. On S3 a file sent in one request carries its SHA-256: the store checks
-    it on receipt and reports it back (``ChecksumSHA256``), so verifying needs no read-back."""
+    it on receipt and reports it back (``ChecksumSHA256``), so verifying needs no read-back.
+    ``progress`` is called as the store takes each part of the file."""
+    options: dict[str, Any] = {}
+    if progress is not None:
+        from fsspec.callbacks import Callback
+
+        # fsspec calls each hook whenever the transferred size is updated.
+        options["callback"] = Callback(hooks={"progress": lambda *_, **__: progress()})
+    if getattr(fs, "async_impl", False):
+        options["timeout"] = upload_timeout(size)
     if _is_s3(fs) and size < 2 * UPLOAD_CHUNK:
-        fs.put_file(str(local), remote, chunksize=UPLOAD_CHUNK, ChecksumAlgorithm="SHA256")
-    else:
-        fs.put_file(str(local), remote)
+        options.update(chunksize=UPLOAD_CHUNK, ChecksumAlgorithm="SHA256")
+    fs.put_file(str(local), remote, **options)
+
+
+def upload_timeout(size: int) -> float:
+    """The most one file's upload may take: the store's answer, and the file at
+    :data:`SLOWEST_UPLOAD` bytes a second. The read timeout starts only once a request's body
+    is sent, so without this bound a store that stops reading leaves an upload waiting for
+    ever; fsspec cancels the upload when it is reached."""
+    return READ_TIMEOUT + size / SLOWEST_UPLOAD
 
 
 def stored_sha256(fs: AbstractFileSystem, path: str) -> str | None:
