@@ -141,8 +141,8 @@ class Backlog:
         self.check()
         if checkpoint and self._waiting() >= self.bound:
             self.console.warn(
-                f"training waits: {self._waiting()} checkpoints wait for their upload to "
-                f"{self.url} ({QUEUE_ENV}={self.bound})"
+                f"training waits: the upload of {self._described()} to {self.url} must finish "
+                f"first ({QUEUE_ENV}={self.bound} checkpoints may wait)"
             )
             self._wait(lambda: self._waiting() < self.bound, "training waits")
         with self._changed:

@@ -122,6 +122,8 @@ class RunMirror:
         self._trained = False
         #: Set when a signal ended a wait for the uploads: nothing more is waited for.
         self._gave_up = False
+        #: Copies of the run's files taken for uploads still to run (see _snapshot).
+        self._snapshots: set[Path] = set()
 
     # Before the run ---------------------------------------------------------------------
 
@@ -191,6 +193,9 @@ class RunMirror:
         finally:
             checkpoints.checkpoint_listeners.remove(self.checkpoint_saved)
             self.backlog.close()
+            for snapshot in list(self._snapshots):  # of uploads that never ran
+                shutil.rmtree(snapshot, ignore_errors=True)
+            self._snapshots.discard(snapshot)
 
     def checkpoint_saved(self, checkpoint: Path) -> None:
         """Called in the training thread once ``checkpoint`` is committed: its upload goes on
@@ -265,6 +270,7 @@ class RunMirror:
     def _snapshot(self) -> Path:
         """A copy of the run's own files as they are now (the metrics log keeps growing)."""
         folder = Path(tempfile.mkdtemp(prefix=f".{self.local.name}-upload-", dir=self.local.parent))
+        self._snapshots.add(folder)
         for item in self._run_files(final=False):
             target = folder / item.rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -302,6 +308,7 @@ class RunMirror:
             )
         finally:
             shutil.rmtree(snapshot, ignore_errors=True)
+            self._snapshots.discard(snapshot)
 
     def _publish(
         self, rel: str, files: list[LocalFile], parts: tuple[StagedFile, ...] = ()

@@ -452,7 +452,7 @@ def _localize_remote(url: str, where: str) -> Path:
         hub.require_hub(where)
     fs, root = open_location(location)
     try:
-        wanted, is_dir = _remote_listing(fs, root)
+        wanted, is_dir = _remote_listing(fs, root, url)
     except Exception as exc:
         raise failure(exc, where) from exc
     target = cache_root() / "remote" / hashlib.sha256(url.encode()).hexdigest()[:24]
@@ -483,7 +483,7 @@ def _localize_remote(url: str, where: str) -> Path:
 
 
 def _remote_listing(
-    fs: AbstractFileSystem, root: str
+    fs: AbstractFileSystem, root: str, url: str
 ) -> tuple[dict[str, tuple[str, dict[str, Any], str | None]], bool]:
     """``{relative path: (remote path, identity, expected sha256)}`` and whether it is a dir."""
     info = fs.info(root)
@@ -510,16 +510,29 @@ def _remote_listing(
         }
     missing = sorted(rel for rel in listed if rel not in entries)
     if missing:
-        raise ConfigError(
-            f"{prefix}: {MANIFEST} lists files that are not there: {', '.join(missing[:5])}",
-            "push the model again with 'lmctl push'",
-        )
+        raise MissingObjects(url, missing)
     if not listed:
         raise ConfigError(f"{root}: the directory is empty", "check the URL")
     wanted = {
         rel: (prefix + rel, _identity(entries[rel]), sha256) for rel, sha256 in listed.items()
     }
     return wanted, True
+
+
+class MissingObjects(ConfigError):
+    """Objects that a manifest lists are gone from the store (deleted by a lifecycle rule, or
+    by hand): the message names each one's URL, not only the folder's."""
+
+    def __init__(self, where: str, paths: list[str]) -> None:
+        base = where.rstrip("/")
+        self.urls = [f"{base}/{path}" for path in paths]
+        more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""
+        super().__init__(
+            f"{', '.join(self.urls[:5])}{more}: listed in {base}/{MANIFEST} but not in the store",
+            "the object was deleted from the store; restore it (a versioned bucket keeps old "
+            "versions) or write it again: 'lmctl push' for a model, 'lmctl resume RUN_URL "
+            "--max-steps N' for a run's final model",
+        )
 
 
 def _identity(info: dict[str, Any]) -> dict[str, Any]:
