@@ -185,8 +185,10 @@ class Backlog:
         started = time.monotonic()
         report = started + REPORT_EVERY
         try:
-            while not done():
+            while True:
                 self.check()
+                if done():
+                    return
                 now = time.monotonic()
                 request = stop_requested()
                 if (

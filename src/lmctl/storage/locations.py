@@ -151,22 +151,17 @@ def filesystem_class(protocol: str, where: str) -> type[AbstractFileSystem]:
         ) from exc
 
 
-#: Bounds of every request to an S3 store. botocore's own (60 s to connect, retried 5 times
-#: in "legacy" mode, under s3fs's 5 retries of a timeout) let one request to a store that
-#: stopped answering take half an hour. A request gets 10 s to connect and 60 s for the
-#: store's answer once its body is sent (aiohttp's read timeout starts then, so a 50 MB part
-#: of a checkpoint on a slow link is not cut short); botocore does not retry, s3fs tries a
-#: timed-out request 3 times, and the callers retry whole uploads within their own budget
-#: (see lmctl.mirror.upload).
+#: Bounds of every S3 request (botocore's defaults, retried under s3fs's retries, let one take
+#: half an hour): the read timeout starts once a body is sent, so a 50 MB part on a slow link
+#: is not cut short; callers retry whole uploads within their own budget (lmctl.mirror).
 CONNECT_TIMEOUT = 10
 READ_TIMEOUT = 60
 S3FS_RETRIES = 3
 
 
 def _request_options(protocol: str, *, fail_fast: bool) -> dict[str, Any]:
-    """Storage options that bound each request; ``fail_fast``: a first probe that fails in
-    seconds instead of retrying. Timeouts set in fsspec's configuration win over the bounds
-    (not over a probe's)."""
+    """Storage options that bound each request (fsspec's configuration wins over them);
+    ``fail_fast``: a first probe that fails in seconds instead of retrying."""
     if protocol not in ("s3", "s3a"):
         return {}
     import fsspec.config
@@ -177,10 +172,8 @@ def _request_options(protocol: str, *, fail_fast: bool) -> dict[str, Any]:
         "read_timeout": READ_TIMEOUT,
         "retries": {"max_attempts": 1, "mode": "standard"},
     }
-    if fail_fast:
-        return {"config_kwargs": {**bounds, **configured, "connect_timeout": 5,
-                                  "retries": {"max_attempts": 1, "mode": "standard"}}}  # fmt: skip
-    return {"config_kwargs": {**bounds, **configured}}
+    probe = {"connect_timeout": 5, "retries": bounds["retries"]} if fail_fast else {}
+    return {"config_kwargs": {**bounds, **configured, **probe}}
 
 
 def open_location(location: Location, *, fail_fast: bool = False) -> tuple[AbstractFileSystem, str]:
@@ -299,7 +292,8 @@ def file_digests(path: Path) -> Digests:
 
 #: Part size of S3 uploads: a file under twice this goes up in one request, with its SHA-256.
 UPLOAD_CHUNK = 50 * 2**20
-#: The slowest upload rate (bytes a second) that counts as an upload still going on.
+#: The slowest upload (bytes a second) still waited for: the read timeout starts once a
+#: request's body is sent, so a store that stops reading would hold an upload for ever.
 SLOWEST_UPLOAD = 2**18
 
 
@@ -325,19 +319,11 @@ def upload(
 
         # fsspec calls each hook whenever the transferred size is updated.
         options["callback"] = Callback(hooks={"progress": lambda *_, **__: progress()})
-    if getattr(fs, "async_impl", False):
-        options["timeout"] = upload_timeout(size)
+    if getattr(fs, "async_impl", False):  # fsspec cancels the upload past this
+        options["timeout"] = READ_TIMEOUT + size / SLOWEST_UPLOAD
     if _is_s3(fs) and size < 2 * UPLOAD_CHUNK:
         options.update(chunksize=UPLOAD_CHUNK, ChecksumAlgorithm="SHA256")
     fs.put_file(str(local), remote, **options)
-
-
-def upload_timeout(size: int) -> float:
-    """The most one file's upload may take: the store's answer, and the file at
-    :data:`SLOWEST_UPLOAD` bytes a second. The read timeout starts only once a request's body
-    is sent, so without this bound a store that stops reading leaves an upload waiting for
-    ever; fsspec cancels the upload when it is reached."""
-    return READ_TIMEOUT + size / SLOWEST_UPLOAD
 
 
 def stored_sha256(fs: AbstractFileSystem, path: str) -> str | None:
@@ -520,8 +506,7 @@ def _remote_listing(
 
 
 class MissingObjects(ConfigError):
-    """Objects that a manifest lists are gone from the store (deleted by a lifecycle rule, or
-    by hand): the message names each one's URL, not only the folder's."""
+    """Objects a manifest lists, gone from the store (a lifecycle rule, a hand), by URL."""
 
     def __init__(self, where: str, paths: list[str]) -> None:
         base = where.rstrip("/")
