@@ -195,7 +195,6 @@ class RunMirror:
             self.backlog.close()
             for snapshot in list(self._snapshots):  # of uploads that never ran
                 shutil.rmtree(snapshot, ignore_errors=True)
-            self._snapshots.discard(snapshot)
 
     def checkpoint_saved(self, checkpoint: Path) -> None:
         """Called in the training thread once ``checkpoint`` is committed: its upload goes on
