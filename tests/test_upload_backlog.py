@@ -3,6 +3,7 @@ retry budget measured by the store's silence, and a signal that ends a wait."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -68,11 +69,15 @@ def test_an_upload_error_ends_the_next_wait() -> None:
         uploads.close()
 
 
-def test_a_store_silent_past_the_budget_ends_a_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The upload is stuck in a request that never returns: the wait ends by itself once the
-    store has been silent for the budget (and its slack), and the thread stays behind."""
-    monkeypatch.setenv(backlog.BUDGET_ENV, "1")
+def test_a_store_silent_past_the_budget_ends_a_wait(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The upload is stuck in a request that never returns: the wait says so at each report
+    and ends by itself once the store has been silent for the budget (and its slack); the
+    thread stays behind."""
+    monkeypatch.setenv(backlog.BUDGET_ENV, "2")
     monkeypatch.setattr(backlog, "_SLACK", 0.5)
+    monkeypatch.setattr(backlog, "REPORT_EVERY", 1.0)
     stuck = threading.Event()
     uploads = _backlog()
     try:
@@ -80,10 +85,16 @@ def test_a_store_silent_past_the_budget_ends_a_wait(monkeypatch: pytest.MonkeyPa
         started = time.monotonic()
         with pytest.raises(RemoteUnreachable, match="while uploading checkpoint-1"):
             uploads.drain("the run waits")
-        assert time.monotonic() - started < 4
+        assert time.monotonic() - started < 5
     finally:
         uploads.close()
         stuck.set()
+    pattern = (
+        r"WARN  the run waits: \d s so far for the upload of checkpoint-1 to s3://b/run; no "
+        r"answer from the store for \d s \(the run stops after 2 s without one, "
+        r"LMCTL_STORE_RETRY_BUDGET\)"
+    )
+    assert re.search(pattern, capsys.readouterr().err)
 
 
 def test_progress_keeps_a_slow_upload_going(monkeypatch: pytest.MonkeyPatch) -> None:
