@@ -105,8 +105,12 @@ def test_localize_checks_manifest_checksums(s3_env: S3Store) -> None:
     with pytest.raises(Exception, match="does not match its checksum"):
         locations.localize("s3://models/bad", "--model-name-or-path s3://models/bad")
     client.put_object(Bucket="models", Key="partial/lmctl-manifest.json", Body=json.dumps(manifest))
-    with pytest.raises(ConfigError, match="lists files that are not there"):
+    with pytest.raises(ConfigError) as missing:
         locations.localize("s3://models/partial")
+    assert missing.value.message == (
+        "s3://models/partial/config.json: listed in s3://models/partial/lmctl-manifest.json "
+        "but not in the store"
+    )
 
 
 def test_localize_missing_object_is_a_usage_error(s3_env: S3Store) -> None:

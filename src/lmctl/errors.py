@@ -34,7 +34,8 @@ EXIT_CODE_DOCS: dict[ExitCode, str] = {
     ExitCode.MODEL: "model or tokenizer could not be loaded or built",
     ExitCode.REMOTE_UNREACHABLE: (
         "the Hub or an object store could not be reached (a run whose uploads to a remote "
-        "--output-dir keep failing stops with it and keeps its local copy)"
+        "--output-dir keep failing, or whose store stops answering past the retry budget, "
+        "stops with it and keeps its local copy)"
     ),
     ExitCode.PERMISSION: "permission denied or credentials rejected",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); a checkpoint was saved when possible",

@@ -51,14 +51,18 @@ def is_complete(fs: AbstractFileSystem, path: str) -> bool:
     return bool(fs.exists(f"{path}/{locations.MANIFEST}"))
 
 
-def newest_complete(fs: AbstractFileSystem, root: str, names: set[str]) -> int | None:
-    steps = [
+def complete_steps(fs: AbstractFileSystem, root: str, names: set[str]) -> list[int]:
+    """The steps of the checkpoints among ``names`` whose manifest is in the store."""
+    return [
         int(match.group(1))
         for name in names
         if (match := checkpoints.CHECKPOINT_PATTERN.match(name))
         and is_complete(fs, f"{root}/{name}")
     ]
-    return max(steps, default=None)
+
+
+def newest_complete(fs: AbstractFileSystem, root: str, names: set[str]) -> int | None:
+    return max(complete_steps(fs, root, names), default=None)
 
 
 def _manifest(fs: AbstractFileSystem, path: str) -> dict[str, Any] | None:
@@ -86,11 +90,30 @@ def _store(url: str, flag: str) -> Iterator[tuple[AbstractFileSystem, str]]:
 def _fetch_listed(
     fs: AbstractFileSystem, root: str, items: list[dict[str, Any]], target: Path, where: str
 ) -> None:
-    """Download the files a manifest lists (``items``) from ``root`` into ``target``."""
+    """Download the files a manifest lists (``items``) from ``root`` (``where`` in the
+    user's words) into ``target``; a file missing from the store is
+    :class:`lmctl.storage.locations.MissingObjects`."""
     for item in items:
-        locations.download_file(
-            fs, f"{root}/{item['path']}", target / item["path"], item.get("sha256"), where
-        )
+        try:
+            locations.download_file(
+                fs, f"{root}/{item['path']}", target / item["path"], item.get("sha256"), where
+            )
+        except FileNotFoundError as exc:
+            raise locations.MissingObjects(where, [item["path"]]) from exc
+
+
+def _missing(fs: AbstractFileSystem, path: str, items: list[dict[str, Any]]) -> list[str]:
+    """The files of a manifest (``items``) that the folder ``path`` in the store lacks, or
+    holds with another size: one listing, no download."""
+    fs.invalidate_cache(path)
+    try:
+        found = fs.find(path, detail=True)
+    except FileNotFoundError:
+        found = {}
+    prefix = path.rstrip("/") + "/"
+    sizes = {name[len(prefix) :]: info.get("size") for name, info in found.items()
+             if name.startswith(prefix)}  # fmt: skip
+    return [item["path"] for item in items if sizes.get(item["path"]) != item.get("size")]
 
 
 def fetch_run(url: str, local: Path, console: Console, *, whole: bool = False) -> Path:
@@ -139,7 +162,7 @@ def _fetch_run(
         if not (local / rundir.CONFIG_FILE).is_file():
             console.info(f"fetching the run {url} into {local}")
             local.mkdir(parents=True, exist_ok=True)
-            _fetch_listed(fs, root, manifest.get("files", []), local, url)
+            _fetch_run_files(fs, root, url, manifest.get("files", []), local, console=console)
         if whole:
             _sync_checkpoints(fs, root, url, local, console)
         else:
@@ -147,23 +170,68 @@ def _fetch_run(
     return local
 
 
+def _fetch_run_files(
+    fs: AbstractFileSystem,
+    root: str,
+    url: str,
+    items: list[dict[str, Any]],
+    local: Path,
+    *,
+    console: Console,
+) -> None:
+    """The run's own files. One missing from the store (its final model, deleted) is named
+    and left out, with the rest of the final save when it is part of it: the resumed run
+    saves them again. The run's config alone cannot be done without."""
+    missing = set(_missing(fs, root, items))
+    if rundir.CONFIG_FILE in missing:
+        raise locations.MissingObjects(url, [rundir.CONFIG_FILE])
+    if missing:
+        urls = ", ".join(f"{url}/{path}" for path in sorted(missing))
+        console.warn(
+            f"{urls}: listed in {url}/{locations.MANIFEST} but not in the store; the resumed "
+            "run saves its final model again when it ends"
+        )
+        final = _final_save(fs, root)
+        if missing & final:
+            missing |= final
+    _fetch_listed(fs, root, [item for item in items if item["path"] not in missing], local, url)
+
+
+def _final_save(fs: AbstractFileSystem, root: str) -> set[str]:
+    """The files of the run's final save as its manifest in the store lists them (with it);
+    without that manifest, the files that mark a final model as there."""
+    try:
+        with fs.open(f"{root}/{checkpoints.MODEL_MANIFEST}", "rb") as handle:
+            listed = json.loads(handle.read())["files"]
+        return {checkpoints.MODEL_MANIFEST, *listed}
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return {checkpoints.MODEL_MANIFEST, "config.json"}
+
+
 def _fetch_newest(
     fs: AbstractFileSystem, root: str, url: str, local: Path, console: Console, *, names: set[str]
 ) -> None:
-    """The store's newest complete checkpoint, unless the local copy has one as new."""
-    newest = newest_complete(fs, root, names)
-    if newest is None:
-        return
-    name = f"checkpoint-{newest}"
+    """The store's newest checkpoint that is complete (its manifest and every file it lists),
+    unless the local copy has one as new. One whose files are gone is named and passed over."""
     have = checkpoints.latest_checkpoint(local)
-    if have is not None and checkpoints.checkpoint_step(have) >= newest:
+    for step in sorted(complete_steps(fs, root, names), reverse=True):
+        if have is not None and checkpoints.checkpoint_step(have) >= step:
+            return
+        name = f"checkpoint-{step}"
+        listed = (_manifest(fs, f"{root}/{name}") or {}).get("files", [])
+        try:
+            missing = _missing(fs, f"{root}/{name}", listed)
+            if missing:
+                raise locations.MissingObjects(f"{url}/{name}", missing)
+            started = time.monotonic()
+            with atomic.atomic_dir(local / name, owner="fetch") as staging:
+                _fetch_listed(fs, f"{root}/{name}", listed, staging, f"{url}/{name}")
+        except locations.MissingObjects as exc:
+            console.warn(f"{exc.message}; {name} is not complete, an older checkpoint is used")
+            continue
+        rundir.record_written(local, name)
+        console.info(f"fetched {name} from {url} in {time.monotonic() - started:.1f} s")
         return
-    listed = _manifest(fs, f"{root}/{name}") or {}
-    started = time.monotonic()
-    with atomic.atomic_dir(local / name, owner="fetch") as staging:
-        _fetch_listed(fs, f"{root}/{name}", listed.get("files", []), staging, url)
-    rundir.record_written(local, name)
-    console.info(f"fetched {name} from {url} in {time.monotonic() - started:.1f} s")
 
 
 def _sync_checkpoints(

@@ -11,14 +11,17 @@ and nothing reads it. The run's own files (config, metrics, marker) follow each 
 at the end the final model, results, model card, ``loss.png`` and tracker logs go up the
 same way.
 
-Training waits for an upload only when the next checkpoint is ready before the previous one
-is uploaded (so that a rotation never deletes a checkpoint still being read). With
+Training waits for an upload only when ``LMCTL_UPLOAD_QUEUE`` checkpoints wait for theirs
+already (at most ``--save-total-limit``, so that a rotation never deletes a checkpoint still
+to be read); see :mod:`lmctl.mirror.backlog`, which also bounds every wait. With
 ``--save-total-limit`` the oldest complete checkpoints in the store are deleted (manifest
 first), never the newest complete one; leftovers of an interrupted upload older than it are
 deleted too, and a resumed run deletes those newer than it. A failed upload is tried again
-with a doubling wait; when it keeps failing the run stops with exit code 6 (7 when the
-credentials are refused) and its local copy is kept, to be continued with
-``lmctl resume URL``.
+with a doubling wait (at most 30 s) until the store has given no sign of life for the retry
+budget (``LMCTL_STORE_RETRY_BUDGET``) or ``LMCTL_UPLOAD_ATTEMPTS`` attempts failed; the run
+then stops with exit code 6 (7 when the credentials are refused) and its local copy is kept,
+to be continued with ``lmctl resume URL`` (or, when training had finished, its upload
+finished with ``lmctl push``).
 
 Several machines (``--nnodes``): each writes its own local copy (by default one folder per
 URL and machine rank), and the first process of each machine commits its machine's part of
@@ -40,23 +43,23 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from lmctl import distributed
-from lmctl.errors import ConfigError, LmctlError, PermissionDenied, RemoteUnreachable
+from lmctl.errors import ConfigError, Interrupted, LmctlError, PermissionDenied, RemoteUnreachable
+from lmctl.mirror.backlog import BUDGET_ENV, STOP_GRACE, Backlog, GaveUp, queue_bound
 from lmctl.mirror.fetch import is_complete, names_in, newest_complete
 from lmctl.publish.files import LocalFile, human_size, select_files
 from lmctl.publish.stores import StagedFile, StoreTarget
-from lmctl.run import checkpoints, rundir
+from lmctl.run import checkpoints, rundir, signals
 from lmctl.storage import locations
 
 if TYPE_CHECKING:
@@ -65,11 +68,12 @@ if TYPE_CHECKING:
     from lmctl.config.slices import RunDirSpec
     from lmctl.console import Console
 
-#: Attempts of one upload before the run stops, and the first wait between two (doubling).
+#: Attempts of one upload before the run stops (unset: as many as the retry budget allows),
+#: and the first wait between two (doubling up to MAX_BACKOFF).
 ATTEMPTS_ENV = "LMCTL_UPLOAD_ATTEMPTS"
 BACKOFF_ENV = "LMCTL_UPLOAD_BACKOFF"
-DEFAULT_ATTEMPTS = 5
 DEFAULT_BACKOFF = 2.0
+MAX_BACKOFF = 30.0
 #: Written while the run trains (the trackers' logs go up at the end, once closed).
 _LIVE_LEAVE_OUT = ("runs",)
 #: Below a checkpoint's staging prefix: each machine's part, and the marker of each.
@@ -83,12 +87,13 @@ _STAGED_CHECKPOINT = re.compile(r"^\.(checkpoint-\d+)\.lmctl-staging$")
 T = TypeVar("T")
 
 
-def _attempts() -> tuple[int, float]:
+def _attempts() -> tuple[int | None, float]:
     try:
-        attempts = max(1, int(os.environ.get(ATTEMPTS_ENV, DEFAULT_ATTEMPTS)))
+        given = os.environ.get(ATTEMPTS_ENV)
+        attempts = max(1, int(given)) if given else None
         backoff = max(0.0, float(os.environ.get(BACKOFF_ENV, DEFAULT_BACKOFF)))
     except ValueError:
-        return DEFAULT_ATTEMPTS, DEFAULT_BACKOFF
+        return None, DEFAULT_BACKOFF
     return attempts, backoff
 
 
@@ -109,13 +114,16 @@ class RunMirror:
         self.resume = f"lmctl resume {self.url}" + (
             f" --staging-dir {run_dir}" if spec.staging_dir is not None else ""
         )
-        self.failed: LmctlError | None = None
         #: Machines whose parts make up each checkpoint.
         self.nodes = distributed.nodes()
-        self._executor: ThreadPoolExecutor | None = None
-        self._pending: Future[None] | None = None
-        #: Set when the run stops: an upload waiting for another machine gives up.
-        self._stopping = threading.Event()
+        #: The uploads under way, while the run trains (see :meth:`uploading`).
+        self._backlog: Backlog | None = None
+        #: Set once training finished: what is left is the upload alone.
+        self._trained = False
+        #: Set when a signal ended a wait for the uploads: nothing more is waited for.
+        self._gave_up = False
+        #: Copies of the run's files taken for uploads still to run (see _snapshot).
+        self._snapshots: set[Path] = set()
 
     # Before the run ---------------------------------------------------------------------
 
@@ -153,11 +161,22 @@ class RunMirror:
 
     # While it runs ----------------------------------------------------------------------
 
+    @property
+    def backlog(self) -> Backlog:
+        assert self._backlog is not None, "only inside uploading()"
+        return self._backlog
+
     @contextmanager
     def uploading(self) -> Iterator[RunMirror]:
-        """Upload each checkpoint committed inside the block; on the way out (an interrupted
-        or failed run too) wait for the upload under way and send the run's files."""
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="lmctl-upload")
+        """Upload each checkpoint committed inside the block; on the way out of a run that
+        stopped early (a signal, a failure) send what was saved if the store takes it within
+        a few seconds, never waiting for a store that failed or stopped answering."""
+        bound = queue_bound()
+        if self.limit:
+            bound = min(bound, self.limit)  # a rotation never deletes one waiting
+        self._backlog = Backlog(
+            self.url, self.console, bound=bound, stopped=self._stopped, stalled=self._stalled
+        )
         checkpoints.checkpoint_listeners.append(self.checkpoint_saved)
         self.console.info(
             f"run directory {self.url}: written to {self.local} first; each checkpoint is "
@@ -165,24 +184,23 @@ class RunMirror:
         )
         try:
             yield self
-        except BaseException:
-            self._stopping.set()
-            if self.failed is None:
+        except BaseException as exc:
+            # A second signal, a store that failed, or a wait that a signal ended: at once.
+            given_up = self._gave_up or isinstance(exc, KeyboardInterrupt)
+            if self.backlog.failed is None and not given_up:
                 self._flush_quietly()
             raise
         finally:
             checkpoints.checkpoint_listeners.remove(self.checkpoint_saved)
-            self._executor.shutdown(wait=True)
+            self.backlog.close()
+            for snapshot in list(self._snapshots):  # of uploads that never ran
+                shutil.rmtree(snapshot, ignore_errors=True)
 
     def checkpoint_saved(self, checkpoint: Path) -> None:
-        """Called in the training thread: wait for the previous upload (a rotation may delete
-        that checkpoint next), then upload this one beside training."""
-        waited = self._wait()
-        if waited > 0.05:
-            self.console.info(f"waited {waited:.1f} s for the previous checkpoint's upload")
+        """Called in the training thread once ``checkpoint`` is committed: its upload goes on
+        beside training (training waits only at the bound of checkpoints waiting)."""
         upload = self._upload_of(checkpoint)
-        assert self._executor is not None
-        self._pending = self._executor.submit(upload)
+        self.backlog.put(checkpoint.name, upload, checkpoint=True)
 
     def _upload_of(self, checkpoint: Path) -> Callable[[], None]:
         """The upload of a checkpoint, with what it needs from the training thread now."""
@@ -190,35 +208,68 @@ class RunMirror:
 
     def finish(self) -> None:
         """The run wrote everything: its files go up after the last checkpoint."""
-        self._wait()
+        self._trained = True
         files = self._run_files(final=True)
-        result = self._retrying("the run's files", lambda: self._publish("", files))
-        self.console.info(
-            f"uploaded the run to {self.url} ({len(files)} files, "
-            f"{human_size(sum(f.size for f in files))}, {len(result['uploaded'])} new); "
-            f"the local copy stays in {self.local}"
-        )
 
-    def _wait(self) -> float:
-        if self._pending is None:
-            return 0.0
-        pending, self._pending = self._pending, None
-        started = time.monotonic()
-        pending.result()  # an upload that kept failing stops the run here
-        return time.monotonic() - started
+        def send() -> None:
+            result = self._retrying("the run's files", lambda: self._publish("", files))
+            self.console.info(
+                f"uploaded the run to {self.url} ({len(files)} files, "
+                f"{human_size(sum(f.size for f in files))}, {len(result['uploaded'])} new); "
+                f"the local copy stays in {self.local}"
+            )
+
+        self.backlog.put("the run's files", send, checkpoint=False)
+        self.backlog.drain("the run finished training and waits")
 
     def _flush_quietly(self) -> None:
-        """After an interruption or a failure: what was saved still goes up if it can."""
+        """After an interruption or a failure: what was saved still goes up if it can, within
+        a few seconds of a signal."""
+        request = signals.stop_requested()
+        deadline = None if request is None or request.at is None else request.at + STOP_GRACE
         try:
-            self._wait()
             files = self._run_files(final=False)
-            self._retrying("the run's files", lambda: self._publish("", files))
+            self.backlog.put(
+                "the run's files",
+                lambda: self._retrying("the run's files", lambda: self._publish("", files)),
+                checkpoint=False,
+            )
+            self.backlog.drain("the run stopped and waits", deadline=deadline)
+        except GaveUp:
+            self.console.warn(
+                f"not uploaded to {self.url}: {', '.join(self.backlog.pending())}; the local "
+                f"copy stays in {self.local}; continue with: {self._continue()}"
+            )
         except LmctlError as exc:
             self.console.warn(f"{exc.message}; the local copy stays in {self.local}")
+
+    def _continue(self) -> str:
+        """The command that finishes what this run left: its training, or (once training
+        finished) its upload."""
+        if self._trained:
+            return f"lmctl push {shlex.quote(str(self.local))} --to {self.url}"
+        return self.resume
+
+    def _stopped(self, signal_name: str, pending: str) -> LmctlError:
+        self._gave_up = True
+        return Interrupted(
+            f"interrupted by {signal_name} while the upload of {pending} to {self.url} had "
+            f"not finished; the local copy in {self.local} is complete",
+            f"continue with: {self._continue()}",
+        )
+
+    def _stalled(self, what: str, silent: float) -> LmctlError:
+        return RemoteUnreachable(
+            f"the store at {self.url} has not answered for {silent:.0f} s, past the retry "
+            f"budget ({BUDGET_ENV}={self.backlog.budget:g}); the upload of {what} did not "
+            f"finish and the run stopped; its local copy in {self.local} is complete",
+            f"check the store and the network, then continue with: {self._continue()}",
+        )
 
     def _snapshot(self) -> Path:
         """A copy of the run's own files as they are now (the metrics log keeps growing)."""
         folder = Path(tempfile.mkdtemp(prefix=f".{self.local.name}-upload-", dir=self.local.parent))
+        self._snapshots.add(folder)
         for item in self._run_files(final=False):
             target = folder / item.rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -254,11 +305,9 @@ class RunMirror:
             self.console.info(
                 f"uploaded {checkpoint.name} to {self.url} ({size} in {seconds:.1f} s)"
             )
-        except LmctlError as exc:
-            self.failed = exc
-            raise
         finally:
             shutil.rmtree(snapshot, ignore_errors=True)
+            self._snapshots.discard(snapshot)
 
     def _publish(
         self, rel: str, files: list[LocalFile], parts: tuple[StagedFile, ...] = ()
@@ -270,7 +319,13 @@ class RunMirror:
         location = (
             locations.Location(f"{url}/{rel}", protocol, f"{path}/{rel}") if rel else self.location
         )
-        return StoreTarget(location, self.console, verbose=False, access_checked=True)
+        return StoreTarget(
+            location,
+            self.console,
+            verbose=False,
+            access_checked=True,
+            progress=self.backlog.alive,
+        )
 
     def _parts_prefix(self, name: str) -> tuple[AbstractFileSystem, str]:
         """Where the machines' parts of checkpoint ``name`` are staged."""
@@ -310,13 +365,14 @@ class RunMirror:
         except ValueError:
             timeout = DEFAULT_PART_TIMEOUT
         deadline = time.monotonic() + timeout
-        while not self._stopping.is_set():
+        while not self.backlog.closing.is_set():
             fs.invalidate_cache(path)
             with suppress(FileNotFoundError, ValueError):
                 with fs.open(path, "rb") as handle:
                     data = json.loads(handle.read())
                 if isinstance(data, dict):
                     return data
+            self.backlog.alive()  # the store answered: it is the other machine that is late
             if time.monotonic() > deadline:
                 raise RemoteUnreachable(
                     f"{what} did not reach {self.url} within {timeout:g} s; the run stopped "
@@ -329,31 +385,49 @@ class RunMirror:
         )
 
     def _retrying(self, what: str, action: Callable[[], T]) -> T:
+        """``action``, tried again with a doubling wait until it succeeds, the store gave no
+        sign of life for the retry budget, or ``LMCTL_UPLOAD_ATTEMPTS`` attempts failed."""
         attempts, wait = _attempts()
-        for attempt in range(1, attempts + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
-                return action()
+                result = action()
+                self.backlog.alive()
+                return result
             except PermissionDenied as exc:
                 raise PermissionDenied(
                     f"uploading {what} to {self.url} failed: {exc.message}; the run stopped "
                     f"and its local copy is kept in {self.local}",
-                    f"{exc.hint}; then continue with: {self.resume}",
+                    f"{exc.hint}; then continue with: {self._continue()}",
                 ) from exc
             except Exception as exc:
                 detail = exc.message if isinstance(exc, LmctlError) else f"{exc}"
-                if attempt == attempts:
+                detail = detail or type(exc).__name__
+                silent = self.backlog.silent_for()
+                if attempt == attempts or silent + wait > self.backlog.budget:
+                    within = (
+                        ""
+                        if attempt == attempts
+                        else f" and gave no sign of life for {silent:.0f} s ({BUDGET_ENV}="
+                        f"{self.backlog.budget:g})"
+                    )
                     raise RemoteUnreachable(
-                        f"uploading {what} to {self.url} failed {attempts} times ({detail}); the "
-                        f"run stopped and its local copy is kept in {self.local}",
-                        f"check the store and the network, then continue with: {self.resume}",
+                        f"uploading {what} to {self.url} failed {attempt} times ({detail})"
+                        f"{within}; the run stopped and its local copy is kept in {self.local}",
+                        f"check the store and the network, then continue with: {self._continue()}",
                     ) from exc
+                of = f"{attempt} of {attempts}" if attempts else f"attempt {attempt}"
                 self.console.warn(
                     f"uploading {what} to {self.url} failed ({detail}); trying again in "
-                    f"{wait:g} s ({attempt} of {attempts})"
+                    f"{wait:g} s ({of})"
                 )
-                time.sleep(wait)
-                wait *= 2
-        raise AssertionError("unreachable")
+                if self.backlog.closing.wait(wait):
+                    raise RemoteUnreachable(
+                        f"the run stopped before {what} was uploaded to {self.url}",
+                        f"continue with: {self._continue()}",
+                    ) from exc
+                wait = min(wait * 2, MAX_BACKOFF)
 
     def _rotate_remote(self) -> None:
         """Keep the newest ``--save-total-limit`` complete checkpoints in the store; delete
@@ -386,53 +460,54 @@ class MachinePart(RunMirror):
         StoreTarget(self.location, self.console, verbose=False).check_access()
 
     def finish(self) -> None:
-        self._wait()
+        self.backlog.drain("the run finished training and waits")
 
     def _flush_quietly(self) -> None:
+        request = signals.stop_requested()
+        deadline = None if request is None or request.at is None else request.at + STOP_GRACE
         try:
-            self._wait()
-        except LmctlError as exc:
-            self.console.warn(f"{exc.message}; the local copy stays in {self.local}")
+            self.backlog.drain("the run stopped and waits", deadline=deadline)
+        except (GaveUp, LmctlError):
+            self.console.warn(
+                f"not uploaded to {self.url}: {', '.join(self.backlog.pending()) or 'nothing'}; "
+                f"the local copy stays in {self.local}"
+            )
 
     def _upload_of(self, checkpoint: Path) -> Callable[[], None]:
         return partial(self._upload_part, checkpoint)
 
     def _upload_part(self, checkpoint: Path) -> None:
         node = distributed.node_rank()
-        try:
-            fs, prefix = self._parts_prefix(checkpoint.name)
-            listed = self._await(
-                fs, f"{prefix}/node-0.json", f"the first machine's list of {checkpoint.name}"
-            )
-            theirs = set(listed.get("files", []))
-            selection = select_files(
-                checkpoint,
-                include_checkpoints=False,
-                include_optimizer=True,
-                require_model=False,
-                machine_part=True,
-            )
-            files = [item for item in selection.files if item.rel not in theirs]
-            target = self._target(checkpoint.name)
+        fs, prefix = self._parts_prefix(checkpoint.name)
+        listed = self._await(
+            fs, f"{prefix}/node-0.json", f"the first machine's list of {checkpoint.name}"
+        )
+        theirs = set(listed.get("files", []))
+        selection = select_files(
+            checkpoint,
+            include_checkpoints=False,
+            include_optimizer=True,
+            require_model=False,
+            machine_part=True,
+        )
+        files = [item for item in selection.files if item.rel not in theirs]
+        target = self._target(checkpoint.name)
 
-            def send() -> None:
-                staged = []
-                for item in files:
-                    digests = locations.file_digests(item.path)
-                    remote = f"{prefix}/node-{node}/{item.rel}"
-                    if not locations.object_matches(fs, remote, item.size, digests):
-                        target.upload_verified(fs, item, remote, digests)
-                    staged.append(
-                        {"path": item.rel, "size": item.size, "sha256": digests.sha256,
-                         "md5": digests.known_md5}
-                    )  # fmt: skip
-                target.write_json(fs, f"{prefix}/node-{node}.json", {"files": staged})
+        def send() -> None:
+            staged = []
+            for item in files:
+                digests = locations.file_digests(item.path)
+                remote = f"{prefix}/node-{node}/{item.rel}"
+                if not locations.object_matches(fs, remote, item.size, digests):
+                    target.upload_verified(fs, item, remote, digests)
+                staged.append(
+                    {"path": item.rel, "size": item.size, "sha256": digests.sha256,
+                     "md5": digests.known_md5}
+                )  # fmt: skip
+            target.write_json(fs, f"{prefix}/node-{node}.json", {"files": staged})
 
-            self._retrying(f"machine {node}'s part of {checkpoint.name}", send)
-            self.console.info(f"uploaded machine {node}'s part of {checkpoint.name} to {self.url}")
-        except LmctlError as exc:
-            self.failed = exc
-            raise
+        self._retrying(f"machine {node}'s part of {checkpoint.name}", send)
+        self.console.info(f"uploaded machine {node}'s part of {checkpoint.name} to {self.url}")
 
 
 def mirror_for(

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import uuid
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -54,6 +55,7 @@ class StoreTarget:
         *,
         verbose: bool = True,
         access_checked: bool = False,
+        progress: Callable[[], None] | None = None,
     ) -> None:
         self.location = location
         self.url = location.url.rstrip("/")
@@ -62,6 +64,9 @@ class StoreTarget:
         self.verbose = verbose
         #: True: the caller checked write access to this store already.
         self._checked = access_checked
+        #: Called whenever the store takes data (a part of a file, an object): a caller that
+        #: waits for the upload tells a slow store from one that stopped answering.
+        self._progress = progress
 
     def staging_path(self, root: str) -> str:
         """A sibling of the destination, so that nothing in it shows under the destination."""
@@ -135,7 +140,7 @@ class StoreTarget:
     ) -> None:
         """Upload one file to ``remote`` and check its size and checksum there."""
         self._make_parent(fs, remote)
-        locations.upload(fs, item.path, remote, item.size)
+        locations.upload(fs, item.path, remote, item.size, progress=self._progress)
         if not locations.object_matches(fs, remote, item.size, digests):
             raise RemoteUnreachable(
                 f"{self.url}: {item.rel} does not match its size or checksum after upload",
@@ -250,6 +255,8 @@ class StoreTarget:
         self._written()
 
     def _written(self) -> None:
+        if self._progress is not None:
+            self._progress()
         _WRITES[0] += 1  # counted over the process (a remote run publishes many times)
         limit = os.environ.get(KILL_AFTER_ENV)
         if limit and _WRITES[0] >= int(limit):

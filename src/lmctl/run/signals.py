@@ -4,11 +4,14 @@ The first signal only raises a flag that the engine checks after every optimizer
 second Ctrl-C aborts at once. A second SIGTERM does not: a pre-emption often reaches a
 process twice, from the cluster and from its launcher (torchrun passes SIGTERM on to its
 processes), and the checkpoint is still written; what must stop at once gets SIGKILL.
+Code that waits outside the step, for an upload to a store, reads the request with
+:func:`stop_requested`: it gives up a few seconds after the signal, and at once on a second.
 """
 
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from types import FrameType
@@ -18,6 +21,9 @@ from typing import Any
 class StopRequest:
     def __init__(self) -> None:
         self.signal_name: str | None = None
+        #: When the first signal came (time.monotonic), and how many came.
+        self.at: float | None = None
+        self.count = 0
 
     @property
     def requested(self) -> bool:
@@ -26,20 +32,38 @@ class StopRequest:
     def adopt(self) -> None:
         """Another process of the run was signalled: this one stops at the same step."""
         if self.signal_name is None:
-            self.signal_name = "a signal to another process"
+            self._record("a signal to another process")
+
+    def _record(self, name: str) -> None:
+        global _last
+        self.count += 1
+        if self.signal_name is None:
+            self.signal_name, self.at = name, time.monotonic()
+        _last = self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested:
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            return
-        self.signal_name = signal.Signals(signum).name
+        again = self.requested
+        self._record(signal.Signals(signum).name)
+        if again and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+
+
+#: The request that a signal set last in this process, kept after its block ends: an upload
+#: that the run waits for once training stopped gives up in time too.
+_last: StopRequest | None = None
+
+
+def stop_requested() -> StopRequest | None:
+    """The request of the newest :func:`graceful_stop` block that a signal reached, or None."""
+    return _last
 
 
 @contextmanager
 def graceful_stop() -> Iterator[StopRequest]:
     """Within this block SIGINT/SIGTERM set ``StopRequest.requested`` instead of killing."""
+    global _last
     request = StopRequest()
+    _last = None
     previous: dict[int, Any] = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:

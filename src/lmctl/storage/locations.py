@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -151,34 +152,46 @@ def filesystem_class(protocol: str, where: str) -> type[AbstractFileSystem]:
         ) from exc
 
 
-def _fail_fast_options(protocol: str) -> dict[str, Any]:
-    """Storage options that make a first probe fail in seconds instead of retrying for long."""
+#: Bounds of every S3 request (botocore's defaults, retried under s3fs's retries, let one take
+#: half an hour): the read timeout starts once a body is sent, so a 50 MB part on a slow link
+#: is not cut short; callers retry whole uploads within their own budget (lmctl.mirror).
+CONNECT_TIMEOUT = 10
+READ_TIMEOUT = 60
+S3FS_RETRIES = 3
+
+
+def _request_options(protocol: str, *, fail_fast: bool) -> dict[str, Any]:
+    """Storage options that bound each request (fsspec's configuration wins over them);
+    ``fail_fast``: a first probe that fails in seconds instead of retrying."""
     if protocol not in ("s3", "s3a"):
         return {}
     import fsspec.config
 
     configured = dict(fsspec.config.conf.get(protocol, {}).get("config_kwargs", {}))
-    return {
-        "config_kwargs": {
-            **configured,
-            "retries": {"max_attempts": 1, "mode": "standard"},
-            "connect_timeout": 5,
-        }
+    bounds: dict[str, Any] = {
+        "connect_timeout": CONNECT_TIMEOUT,
+        "read_timeout": READ_TIMEOUT,
+        "retries": {"max_attempts": 1, "mode": "standard"},
     }
+    probe = {"connect_timeout": 5, "retries": bounds["retries"]} if fail_fast else {}
+    return {"config_kwargs": {**bounds, **configured, **probe}}
 
 
 def open_location(location: Location, *, fail_fast: bool = False) -> tuple[AbstractFileSystem, str]:
-    """The filesystem and the root path inside it for an fsspec location."""
+    """The filesystem and the root path inside it for an fsspec location; every request to it
+    has a bounded time (:data:`CONNECT_TIMEOUT`, :data:`READ_TIMEOUT`)."""
     from fsspec.core import url_to_fs
 
     filesystem_class(location.protocol, location.url)
-    options = _fail_fast_options(location.protocol) if fail_fast else {}
+    options = _request_options(location.protocol, fail_fast=fail_fast)
     if fail_fast:
         options["skip_instance_cache"] = True
     try:
         fs, root = url_to_fs(location.url, **options)
     except Exception as exc:
         raise failure(exc, location.url) from exc
+    if _is_s3(fs):
+        fs.retries = S3FS_RETRIES
     return fs, root.rstrip("/") or "/"
 
 
@@ -280,6 +293,9 @@ def file_digests(path: Path) -> Digests:
 
 #: Part size of S3 uploads: a file under twice this goes up in one request, with its SHA-256.
 UPLOAD_CHUNK = 50 * 2**20
+#: The slowest upload (bytes a second) still waited for: the read timeout starts once a
+#: request's body is sent, so a store that stops reading would hold an upload for ever.
+SLOWEST_UPLOAD = 2**18
 
 
 def _is_s3(fs: AbstractFileSystem) -> bool:
@@ -287,13 +303,28 @@ def _is_s3(fs: AbstractFileSystem) -> bool:
     return any(name in ("s3", "s3a") for name in protocols)
 
 
-def upload(fs: AbstractFileSystem, local: Path, remote: str, size: int) -> None:
+def upload(
+    fs: AbstractFileSystem,
+    local: Path,
+    remote: str,
+    size: int,
+    *,
+    progress: Callable[[], None] | None = None,
+) -> None:
     """Upload one file. On S3 a file sent in one request carries its SHA-256: the store checks
-    it on receipt and reports it back (``ChecksumSHA256``), so verifying needs no read-back."""
+    it on receipt and reports it back (``ChecksumSHA256``), so verifying needs no read-back.
+    ``progress`` is called as the store takes each part of the file."""
+    options: dict[str, Any] = {}
+    if progress is not None:
+        from fsspec.callbacks import Callback
+
+        # fsspec calls each hook whenever the transferred size is updated.
+        options["callback"] = Callback(hooks={"progress": lambda *_, **__: progress()})
+    if getattr(fs, "async_impl", False):  # fsspec cancels the upload past this
+        options["timeout"] = READ_TIMEOUT + size / SLOWEST_UPLOAD
     if _is_s3(fs) and size < 2 * UPLOAD_CHUNK:
-        fs.put_file(str(local), remote, chunksize=UPLOAD_CHUNK, ChecksumAlgorithm="SHA256")
-    else:
-        fs.put_file(str(local), remote)
+        options.update(chunksize=UPLOAD_CHUNK, ChecksumAlgorithm="SHA256")
+    fs.put_file(str(local), remote, **options)
 
 
 def stored_sha256(fs: AbstractFileSystem, path: str) -> str | None:
@@ -399,7 +430,7 @@ def _localize_remote(url: str, where: str) -> Path:
         hub.require_hub(where)
     fs, root = open_location(location)
     try:
-        wanted, is_dir = _remote_listing(fs, root)
+        wanted, is_dir = _remote_listing(fs, root, url)
     except Exception as exc:
         raise failure(exc, where) from exc
     target = cache_root() / "remote" / hashlib.sha256(url.encode()).hexdigest()[:24]
@@ -430,7 +461,7 @@ def _localize_remote(url: str, where: str) -> Path:
 
 
 def _remote_listing(
-    fs: AbstractFileSystem, root: str
+    fs: AbstractFileSystem, root: str, url: str
 ) -> tuple[dict[str, tuple[str, dict[str, Any], str | None]], bool]:
     """``{relative path: (remote path, identity, expected sha256)}`` and whether it is a dir."""
     info = fs.info(root)
@@ -457,16 +488,28 @@ def _remote_listing(
         }
     missing = sorted(rel for rel in listed if rel not in entries)
     if missing:
-        raise ConfigError(
-            f"{prefix}: {MANIFEST} lists files that are not there: {', '.join(missing[:5])}",
-            "push the model again with 'lmctl push'",
-        )
+        raise MissingObjects(url, missing)
     if not listed:
         raise ConfigError(f"{root}: the directory is empty", "check the URL")
     wanted = {
         rel: (prefix + rel, _identity(entries[rel]), sha256) for rel, sha256 in listed.items()
     }
     return wanted, True
+
+
+class MissingObjects(ConfigError):
+    """Objects a manifest lists, gone from the store (a lifecycle rule, a hand), by URL."""
+
+    def __init__(self, where: str, paths: list[str]) -> None:
+        base = where.rstrip("/")
+        self.urls = [f"{base}/{path}" for path in paths]
+        more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""
+        super().__init__(
+            f"{', '.join(self.urls[:5])}{more}: listed in {base}/{MANIFEST} but not in the store",
+            "the object was deleted from the store; restore it (a versioned bucket keeps old "
+            "versions) or write it again: 'lmctl push' for a model, 'lmctl resume RUN_URL "
+            "--max-steps N' for a run's final model",
+        )
 
 
 def _identity(info: dict[str, Any]) -> dict[str, Any]:
