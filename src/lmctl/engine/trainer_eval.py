@@ -2,7 +2,8 @@
 
 The Trainer's own loop computes each batch's full logits and gathers them; for a plain model
 in one process, :func:`lmctl.evaluation.loop.training_scorer` gives the same numbers without
-them, in about half the time (the output layer's logits are most of an evaluation's work).
+holding them (a masked LM runs its head on the masked positions only: MiniLM's evaluation took
+two thirds of the time on a CPU), and the same numbers as ``lmctl eval``.
 """
 
 from __future__ import annotations

@@ -108,9 +108,9 @@ def training_scorer(
 ) -> Scorer:
     """How an evaluation inside training scores a batch: a plain model in one process as
     ``lmctl eval`` scores it (:func:`memory_scorer`, on the unwrapped model under the run's
-    autocast: the same numbers, without the batch's full logits, about twice as fast); a
-    model of several processes or one that DeepSpeed or FSDP wraps through
-    :func:`gathered_scorer`."""
+    autocast: the same numbers, without the batch's full logits; a masked LM's head runs on
+    the masked positions only); a model of several processes or one that DeepSpeed or FSDP
+    wraps through :func:`gathered_scorer`."""
     import torch
 
     if not scores_in_memory(accelerator):
