@@ -122,6 +122,19 @@ def test_config_file_is_refused(tmp_path: Path) -> None:
     assert "--config can't be given to resume" in err
 
 
+def test_resumes_on_the_number_of_processes_the_checkpoint_was_saved_by(tmp_path: Path) -> None:
+    run = _synthetic_run(tmp_path, steps=(10,))
+    for rank in (0, 1):
+        (run / "checkpoint-10" / f"rng_state_{rank}.pth").write_bytes(b"")
+    plan = lmctl("resume", run, "--max-steps", "30", "--dry-run", "--json")
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["config"]["nproc"] == 2
+    assert "checkpoint-10 was saved by 2 processes: resuming on --nproc 2" in plan.stderr
+    err = _error(lmctl("resume", run, "--max-steps", "30", "--nproc", "3"))
+    assert "--nproc 3: " in err and "was saved by 2 process(es); this run has 3" in err
+    assert "leave --nproc out" in err
+
+
 def test_skips_corrupted_newest_checkpoint(tmp_path: Path) -> None:
     run = _synthetic_run(tmp_path, steps=(10, 20), max_steps=30)
     (run / "checkpoint-20" / "model.safetensors").write_bytes(b"w" * 10)

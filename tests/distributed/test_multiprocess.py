@@ -217,3 +217,31 @@ def test_a_non_finite_loss_on_one_rank_stops_both(
     proc = run(lmctl_command(*args, "--nproc", "2"), tmp_path, {"LMCTL_NAN_RANK": "1"})
     assert proc.returncode == 4, proc.stderr[-4000:]
     assert "loss is nan" in proc.stderr.lower()
+
+
+def test_resume_runs_on_the_processes_the_run_was_saved_by(
+    bpe_tokenizer: Path, unique_lines: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """`lmctl resume RUN` of a run of 2 processes runs on 2 (under the launcher, as --nproc 2
+    would); asking for another number is refused before any process starts."""
+    out = tmp_path / "run"
+    train, _ = unique_lines
+    args = [
+        "train", "clm", *TINY_GPT2, "--tokenizer", str(bpe_tokenizer), "--train-file",
+        str(train), "--block-size", "32", "--max-steps", "2", "--no-eval", "-o", str(out),
+        "--nproc", "2",
+    ]  # fmt: skip
+    proc = run(lmctl_command(*args), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    refused = run(lmctl_command("resume", out, "--max-steps", "4", "--nproc", "1"), tmp_path)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "--nproc 1: " in refused.stderr and "saved by 2 process(es)" in refused.stderr
+    assert "running: " not in refused.stderr
+    resumed = run(lmctl_command("resume", out, "--max-steps", "4"), tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "resuming on --nproc 2" in resumed.stderr
+    shown = next(line for line in resumed.stderr.splitlines() if "running: " in line)
+    assert "--nproc_per_node 2" in shown
+    latest = run_checkpoints.latest_checkpoint(out)
+    assert latest is not None and latest.name == "checkpoint-4"
+    assert run_checkpoints.checkpoint_world_size(latest) == 2

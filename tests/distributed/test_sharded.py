@@ -64,7 +64,7 @@ def test_sharded_run_resumes_after_sigkill_to_the_same_weights(
     )
     kill_when(proc, saved_first)
     assert not (killed / "model.safetensors").exists()
-    refused = run(lmctl_command("resume", killed), tmp_path)  # one process: refused
+    refused = run(lmctl_command("resume", killed, "--nproc", "1"), tmp_path)  # refused
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "saved by 2 process(es); this run has 1" in refused.stderr
     resumed = run(lmctl_command("resume", killed, "--nproc", "2"), tmp_path)

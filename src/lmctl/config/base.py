@@ -263,6 +263,12 @@ class TrainConfig(StrictModel):
         ge=0,
         lt=1,
     )
+    restart_schedule: bool = option(
+        False,
+        "When resuming: a new learning-rate schedule (warmup included) over the steps left, "
+        "from the step the run is at (default: the schedule of --max-steps goes on).",
+        panel=PANEL_TRAINING,
+    )
     max_grad_norm: float = option(
         1.0, "Gradient clipping norm (0 disables).", panel=PANEL_TRAINING, ge=0
     )
@@ -556,7 +562,8 @@ class TrainConfig(StrictModel):
         checks.check_data(data, cut["tokenizer"], loop, problems)
         checks.check_imports(model, problems)
         checks.check_precision(cut["compute"], problems)
-        checks.check_schedule(loop, cut["optimizer"], problems)
+        resuming = self.resume_from_checkpoint is not None
+        checks.check_schedule(loop, cut["optimizer"], problems, resuming=resuming)
         checks.check_fast_paths(cut["compute"], problems)
         checks.check_engine(loop, problems)
         checks.check_launch(cut["launch"], changed, problems)

@@ -195,8 +195,15 @@ def check_fast_paths(compute: ComputeSpec, problems: Problems) -> None:
         )
 
 
-def check_schedule(loop: LoopSpec, optimizer: OptimizerSpec, problems: Problems) -> None:
+def check_schedule(
+    loop: LoopSpec, optimizer: OptimizerSpec, problems: Problems, *, resuming: bool
+) -> None:
     """Warmup, evaluation and schedule settings that fit together."""
+    if optimizer.restart_schedule and not resuming:
+        problems.add(
+            "--restart-schedule applies only to a resumed run",
+            "use it with 'lmctl resume RUN_DIR --max-steps N', or drop it",
+        )
     if optimizer.warmup_ratio is not None and optimizer.warmup_steps:
         problems.add(
             "--warmup-ratio and --warmup-steps can't both be set", "choose one warmup form"

@@ -121,6 +121,8 @@ class OptimizerSpec:
     lr_scheduler_type: str
     warmup_steps: int
     warmup_ratio: float | None
+    #: On resuming: the schedule starts again at the checkpoint's step (see engine/optim.py).
+    restart_schedule: bool
     max_grad_norm: float
 
 

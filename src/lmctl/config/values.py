@@ -41,7 +41,14 @@ FAST_PATH_CHOICES = ("auto", "off")
 DEEPSPEED_STAGES = ("1", "2", "3")
 #: ``training_args`` keys (TrainingArguments fields) that the accelerate engine honours too.
 ACCELERATE_TRAINING_ARGS = frozenset(
-    {"adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler_kwargs", "use_cpu"}
+    {
+        "adam_beta1",
+        "adam_beta2",
+        "adam_epsilon",
+        "lr_scheduler_kwargs",
+        "save_only_model",
+        "use_cpu",
+    }
 )
 #: Schedules that need ``training_args.lr_scheduler_kwargs``: name -> keys, one of which is needed.
 SCHEDULER_KWARGS = {

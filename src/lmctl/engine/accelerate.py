@@ -23,10 +23,18 @@ from typing import TYPE_CHECKING, Any
 from lmctl import distributed
 from lmctl.data.stream.positions import StreamRecord, stream_cursor
 from lmctl.data.tokens import forked_workers
-from lmctl.engine.optim import Plan, make_optimizer, make_plan, make_scheduler
-from lmctl.engine.sharding import accelerate_plugins
+from lmctl.engine.accelerator import make_accelerator
+from lmctl.engine.optim import (
+    Plan,
+    make_optimizer,
+    make_plan,
+    make_scheduler,
+    place_schedule,
+    record_schedule_start,
+    schedule_start,
+)
 from lmctl.errors import ConfigError
-from lmctl.evaluation.loop import evaluation_loop, gathered_scorer
+from lmctl.evaluation.loop import evaluation_loop, training_scorer
 from lmctl.run import checkpoints, history, rundir
 from lmctl.run.lifecycle import (
     EngineResult,
@@ -49,7 +57,6 @@ if TYPE_CHECKING:
     from lmctl.config.slices import RunSpec
     from lmctl.console import Console
     from lmctl.pipeline import Prepared
-    from lmctl.run.runtime import Runtime
 
 #: Where a checkpoint's ``trainer_state.json`` records the data position (under
 #: ``stateful_callbacks``); its presence also marks a checkpoint of this engine.
@@ -79,46 +86,19 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
         session.close()
 
 
-def make_accelerator(spec: RunSpec, runtime: Runtime, run_dir: Path) -> Any:
-    """An Accelerator for a run; a setting it cannot honour becomes a config error.
+def load_weights(model: Any, folder: Path) -> None:
+    """The weights ``Accelerator.save_model`` wrote (one file, or shards and their index),
+    copied into the model's own parameters, which the optimizer holds."""
+    import json
 
-    The sampler is seeded per epoch (``seed + epoch``), so the data order of any epoch can be
-    replayed on resume, and matches the ``trainer`` engine's. Streaming data is not dispatched
-    from the main process: every process reads its own shards. Without --bf16/--fp16 the mixed
-    precision of ``accelerate launch --mixed_precision`` (or its config) applies.
-    """
-    from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
+    from safetensors.torch import load_file
 
-    precision, loop = runtime.precision, spec.loop
-    try:
-        accelerator = Accelerator(
-            cpu=runtime.cpu_only,
-            gradient_accumulation_steps=loop.gradient_accumulation_steps,
-            mixed_precision=precision,
-            log_with=list(spec.tracking.report_to) or None,
-            project_config=ProjectConfiguration(
-                project_dir=str(run_dir), logging_dir=str(run_dir / "runs")
-            ),
-            dataloader_config=DataLoaderConfiguration(
-                use_seedable_sampler=True, data_seed=loop.seed, dispatch_batches=False
-            ),
-            step_scheduler_with_optimizer=False,
-            dynamo_backend="inductor" if spec.compute.torch_compile else None,
-            **accelerate_plugins(spec.scale),
-        )
-    except (ValueError, ImportError) as exc:
-        raise ConfigError(
-            f"accelerate can't run this configuration: {exc}",
-            "check --bf16/--fp16, --deepspeed/--fsdp and the settings of accelerate launch or "
-            "accelerate config",
-        ) from exc
-    if precision is not None and not (accelerator.native_amp or precision == "bf16"):
-        raise ConfigError(
-            f"--{precision}: mixed precision is not available on {accelerator.device.type}",
-            "use --bf16 on a CPU, or --fp16 on a CUDA GPU",
-        )
-    return accelerator
+    index = folder / "model.safetensors.index.json"
+    names = ["model.safetensors"]
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    for name in names:
+        model.load_state_dict(load_file(str(folder / name)), strict=False)
 
 
 def _length(loader: Any) -> int | None:
@@ -181,6 +161,9 @@ class AccelerateRun:
         self._learning_rate = 0.0
         self._preparation_time: float | None = None  # reported by an evaluation-only run
         self._eval_count = 0  # examples seen by the last evaluation
+        self._schedule_start = 0  # the step the learning-rate schedule started at
+        #: The step of the last evaluation and its record (the final one reuses it).
+        self._evaluated: tuple[int, dict[str, Any]] | None = None
 
     def close(self) -> None:
         """Finish the trackers and the process group, the distributed model first."""
@@ -206,7 +189,9 @@ class AccelerateRun:
             self._preparation_time = round(time.time() - start, 4)
         if loop.do_eval and self.prepared.eval_dataset is not None:
             self.reporter.end()
-            result.eval_metrics = self.evaluate()
+            done = self._evaluated  # at the last step already: the same weights, once
+            at_end = done is not None and done[0] == self.state.global_step
+            result.eval_metrics = dict(done[1]) if done and at_end else self.evaluate()
             size = _length(self.prepared.eval_dataset)  # a stream has none: count what was seen
             result.eval_metrics["eval_samples"] = size if size is not None else self._eval_count
         if loop.do_train and self.is_main:
@@ -229,8 +214,11 @@ class AccelerateRun:
             self._loader(self.prepared.eval_dataset, train=False),
         )
         plan = make_plan(loop, _length(train_loader))
+        restart = spec.optimizer.restart_schedule
+        start = schedule_start(runtime.resume, restart, self.console if self.is_main else None)
+        self._schedule_start = start
         scheduler = make_scheduler(
-            spec.optimizer, loop.training_args, self.optimizer, plan.max_steps
+            spec.optimizer, loop.training_args, self.optimizer, plan.max_steps - start
         )
         self.scheduler = acc.prepare(scheduler)
         self._init_state(plan)
@@ -448,12 +436,12 @@ class AccelerateRun:
     # Evaluation ------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
         """Eval loss (mean over samples) and the objective's metrics, in the one evaluation
-        loop (:mod:`lmctl.evaluation.loop`), gathered across processes."""
+        loop (:mod:`lmctl.evaluation.loop`), scored as ``training_scorer`` decides."""
         from transformers.trainer_utils import speed_metrics
 
-        acc = self.accelerator
-        metrics = self.prepared.objective.metrics()
-        score = gathered_scorer(acc, self.model, metrics, is_main=self.is_main)
+        acc, objective = self.accelerator, self.prepared.objective
+        metrics = objective.metrics()
+        score = training_scorer(acc, self.model, objective, metrics, is_main=self.is_main)
         start = time.time()
         self.model.eval()
         steps = _length(self.eval_loader)
@@ -482,6 +470,7 @@ class AccelerateRun:
         if self.eval_loader is None:
             return
         results = self.evaluate()
+        self._evaluated = (self.state.global_step, results)
         if isinstance(self.scheduler.scheduler, ReduceLROnPlateau):
             self.scheduler.scheduler.step(results["eval_loss"])
 
@@ -497,9 +486,10 @@ class AccelerateRun:
 
     def save_checkpoint(self) -> Path:
         """``checkpoint-<step>`` (see ``lifecycle.save_checkpoint``): Accelerate's full state
-        (model, optimizer, scheduler, RNG of every process) and each process's stream
-        position, the model config and tokenizer (so the folder loads with
-        ``from_pretrained``), then ``trainer_state.json`` with the data position, last."""
+        (model, optimizer, scheduler, RNG of every process; with ``save_only_model`` the
+        model's weights alone) and each process's stream position, the model config and
+        tokenizer (so the folder loads with ``from_pretrained``), then ``trainer_state.json``
+        with the data position, last."""
         acc, state = self.accelerator, self.state
         self.record.totals()
         epoch, batches_done = self._position
@@ -507,10 +497,14 @@ class AccelerateRun:
         # the Trainer ignores names it does not know.
         extra: Any = state.stateful_callbacks or {}
         extra[DATA_POSITION] = {"epoch": epoch, "batches_done": batches_done}
+        record_schedule_start(extra, self._schedule_start)
         state.stateful_callbacks = extra
 
         def write_parts(staging: Path) -> None:
-            acc.save_state(str(staging))
+            if self.loop.training_args.get("save_only_model"):
+                acc.save_model(self.model, str(staging))
+            else:
+                acc.save_state(str(staging))
             if self._cursor is not None:
                 record = StreamRecord.of(epoch, batches_done, self._cursor)
                 record.write(staging, acc.process_index)
@@ -542,7 +536,8 @@ class AccelerateRun:
         )
 
     def _restore(self, checkpoint: str) -> tuple[int, int]:
-        """Load a checkpoint's full state; returns the data position to continue from."""
+        """Load a checkpoint's state (of a model-only one, the weights); returns the data
+        position to continue from."""
         from transformers import TrainerState
 
         path = Path(checkpoint)
@@ -561,7 +556,11 @@ class AccelerateRun:
                 f"{batch_size}: the data order will not continue "
                 "exactly"
             )
-        self.accelerator.load_state(str(path))
+        full = checkpoints.holds_training_state(path)
+        if full:
+            self.accelerator.load_state(str(path))
+        else:
+            load_weights(self._unwrapped(), path)
         state = self.state
         state.global_step = saved.global_step
         state.epoch = saved.epoch
@@ -571,6 +570,10 @@ class AccelerateRun:
         self.record.restore(saved, samples_per_step=per_step)
         self._totals_before = RunTotals.of_checkpoint(checkpoint)
         self._position = (int(position["epoch"]), int(position["batches_done"]))
+        restored = full and not self.prepared.spec.optimizer.restart_schedule
+        place_schedule(
+            self.scheduler.scheduler, None if restored else state.global_step - self._schedule_start
+        )
         recorded = StreamRecord.read(path, self.accelerator.process_index)
         if recorded is not None:
             recorded.continue_in(self._cursor)

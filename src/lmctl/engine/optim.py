@@ -1,16 +1,31 @@
 """How a training run steps, for the ``accelerate`` engine: AdamW with the Trainer's parameter
-groups, the learning-rate schedule, and the plan of optimizer steps, epochs and intervals."""
+groups, the learning-rate schedule, and the plan of optimizer steps, epochs and intervals; and
+for both engines, where a resumed run's schedule starts and stands.
+
+The schedule of a run spans from its start to --max-steps: a resumed run, extended or not,
+goes on along the schedule of its current --max-steps (the learning rate at step s is the one
+a run planned for that many steps has at s). ``--restart-schedule`` starts a new schedule,
+warmup included, at the checkpoint's step, spanning the steps left; each checkpoint records
+that start, so that later resumes go on along it.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl.errors import ConfigError, DataError
+from lmctl.run import checkpoints
 
 if TYPE_CHECKING:
     from lmctl.config.slices import LoopSpec, OptimizerSpec
+    from lmctl.console import Console
+
+#: Where a checkpoint's ``trainer_state.json`` records the step its learning-rate schedule
+#: started at (under ``stateful_callbacks``), once a resume restarted the schedule.
+SCHEDULE_START = "LmctlScheduleStart"
 
 #: Parameters whose names match these get no weight decay (the Trainer's own rule), besides
 #: every parameter of a LayerNorm module.
@@ -66,6 +81,51 @@ def make_scheduler(
         num_training_steps=max_steps,
         scheduler_specific_kwargs=training_args.get("lr_scheduler_kwargs") or {},
     )
+
+
+def schedule_start(checkpoint: Path | None, restart: bool, console: Console | None) -> int:
+    """The optimizer step the run's schedule starts at: 0; the checkpoint's step when this
+    resume restarts it (said on ``console``); else the start its checkpoint recorded."""
+    if checkpoint is None:
+        return 0
+    state = checkpoints.read_checkpoint_state(checkpoint)
+    if restart:
+        step = int(state.get("global_step") or 0)
+        if console is not None:
+            console.info(f"--restart-schedule: a new learning-rate schedule starts at step {step}")
+        return step
+    recorded = (state.get("stateful_callbacks") or {}).get(SCHEDULE_START)
+    return int(recorded.get("step", 0)) if isinstance(recorded, dict) else 0
+
+
+def record_schedule_start(stateful: dict[str, Any], start: int) -> None:
+    """Note a restarted schedule's start in a checkpoint's ``stateful_callbacks``."""
+    if start:
+        stateful[SCHEDULE_START] = {"step": start}
+
+
+def place_schedule(scheduler: Any, position: int | None) -> None:
+    """Put a resumed run's schedule at ``position`` (its steps since it started; None: where
+    the restored scheduler stands), and the optimizer at that step's learning rate.
+
+    A restored optimizer keeps the rate it was saved with, from the schedule of the run's
+    earlier length: extended by --max-steps, it would take its next step at the old
+    schedule's last rate (zero, for a linear decay). Every schedule but reduce_lr_on_plateau
+    (which follows the evaluations) is a function of its position: a ``LambdaLR``.
+    """
+    from torch.optim.lr_scheduler import LambdaLR
+
+    if not isinstance(scheduler, LambdaLR):
+        return
+    if position is not None:
+        scheduler.last_epoch = position
+    rates = [
+        base * rate(scheduler.last_epoch)
+        for base, rate in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+    ]
+    for group, value in zip(scheduler.optimizer.param_groups, rates, strict=True):
+        group["lr"] = value
+    scheduler._last_lr = rates
 
 
 @dataclass

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 from lmctl import distributed, secrets
 from lmctl.data.stream.positions import StreamCursor, StreamRecord, stream_cursor
 from lmctl.data.tokens import forked_workers
+from lmctl.engine.optim import place_schedule, record_schedule_start, schedule_start
 from lmctl.engine.sharding import trainer_options
+from lmctl.engine.trainer_eval import in_memory_evaluation
 from lmctl.errors import ConfigError
 from lmctl.objectives.collate import SeededCollator
 from lmctl.run import checkpoints, history, rundir
@@ -34,6 +36,7 @@ from lmctl.storage.paths import local_folder
 if TYPE_CHECKING:
     from lmctl.config.slices import RunSpec
     from lmctl.console import Console
+    from lmctl.objectives.base import Objective
     from lmctl.pipeline import Prepared
     from lmctl.run.runtime import Runtime
 
@@ -158,6 +161,10 @@ def _make_trainer_class() -> type:
         eval_collator: Any = None
         #: Examples seen by the last evaluation (streams have no length to read it from).
         eval_samples: int = 0
+        #: The step of the last evaluation and its metrics (the final one reuses them).
+        evaluated: tuple[int, dict[str, float]] | None = None
+        #: The run's objective: evaluations score as ``lmctl eval`` does where they can.
+        objective: Objective | None = None
         #: With --streaming, the StreamPosition callback that checkpoints record.
         stream_position: Any = None
         save_total_limit: int | None = None
@@ -170,6 +177,9 @@ def _make_trainer_class() -> type:
         #: The run's training totals before this session (None: unknown).
         run_totals: RunTotals | None = RunTotals()
         _session_start = 0.0
+        #: The step the learning-rate schedule started at (see lmctl.engine.optim).
+        schedule_start = 0
+        restart_schedule = False
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -240,12 +250,27 @@ def _make_trainer_class() -> type:
                         stateful[name].append(cb.state())
                     else:
                         stateful[name] = cb.state()
+            record_schedule_start(stateful, self.schedule_start)
             if self.run_totals is not None:
                 session_loss = self._total_loss_scalar + float(self._tr_loss.item())
                 self.run_totals.then(
                     self.state.global_step, session_loss, time.time() - self._session_start
                 ).record(self.state)
             history.write_state(self.state, staging)
+
+        def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+            """The schedule spans from its start (0, or a restart's step) to the last step."""
+            return super().create_scheduler(num_training_steps - self.schedule_start, optimizer)
+
+        def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+            super()._load_optimizer_and_scheduler(checkpoint)
+            if checkpoint is None or self.is_deepspeed_enabled:
+                return
+            restored = checkpoints.holds_training_state(Path(checkpoint))
+            steps = self.state.global_step - self.schedule_start
+            place_schedule(
+                self.lr_scheduler, None if restored and not self.restart_schedule else steps
+            )
 
         def _get_train_sampler(self, train_dataset: Any = None) -> Any:
             window = self.args.train_batch_size * self.args.gradient_accumulation_steps
@@ -310,8 +335,24 @@ def _make_trainer_class() -> type:
                 )
             return loader
 
-        def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
-            output = super().evaluation_loop(*args, **kwargs)
+        def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+            metrics: dict[str, float] = super().evaluate(*args, **kwargs)
+            self.evaluated = (self.state.global_step, metrics)
+            return metrics
+
+        def evaluation_loop(
+            self,
+            dataloader: Any,
+            description: str,
+            prediction_loss_only: bool | None = None,
+            ignore_keys: list[str] | None = None,
+            metric_key_prefix: str = "eval",
+        ) -> Any:
+            output = in_memory_evaluation(self, self.objective, dataloader, metric_key_prefix)
+            if output is None:
+                output = super().evaluation_loop(
+                    dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+                )
             self.eval_samples = output.num_samples or 0
             return output
 
@@ -477,9 +518,16 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
     reporting.agree = lambda: stop_agreed(trainer.accelerator, stop)
     reporting.eval_samples = lambda: trainer.eval_samples
     trainer.eval_collator = prepared.eval_collator
+    trainer.objective = prepared.objective
     trainer.save_total_limit = spec.loop.save_total_limit
     trainer.commits_checkpoints = rundir.commits_checkpoints(spec.run_dir)
     trainer.train_lengths = prepared.train_lengths
+    trainer.restart_schedule = spec.optimizer.restart_schedule
+    trainer.schedule_start = schedule_start(
+        runtime.resume if spec.loop.do_train else None,
+        trainer.restart_schedule,
+        console if args.process_index == 0 else None,
+    )
     trainer.remove_callback(PrinterCallback)
     trainer.stream_position = stream_position
 
@@ -539,7 +587,11 @@ def _train_and_evaluate(
         if trainer.is_world_process_zero():
             history.write_state(trainer.state, run_dir)
     if loop.do_eval:
-        result.eval_metrics = trainer.evaluate()
+        done = trainer.evaluated  # at the last step already: the same weights, once
+        if done and done[0] == trainer.state.global_step and not args.load_best_model_at_end:
+            result.eval_metrics = dict(done[1])
+        else:
+            result.eval_metrics = trainer.evaluate()
         result.eval_metrics["eval_samples"] = trainer.eval_samples
         if not loop.do_train and trainer.is_world_process_zero():
             checkpoints.save_tokenizer(prepared.tokenizer, run_dir)

@@ -1,10 +1,11 @@
-"""The one evaluation loop: of ``lmctl eval`` and of the accelerate engine.
+"""The one evaluation loop: of ``lmctl eval`` and of both engines' evaluations.
 
 The loop walks the batches, scores each, adds up the sample-weighted loss (the Trainer's
 ``eval_loss``) and shows its progress; how a batch is scored is the caller's: in one process
 from the model's body, so that only a tile or one sample's logits are ever held
 (:func:`memory_scorer`), or through a distributed model with the losses and predictions
-gathered across processes (the accelerate engine).
+gathered across processes; evaluations inside training (both engines) choose between the two
+(:func:`training_scorer`).
 """
 
 from __future__ import annotations
@@ -88,6 +89,38 @@ def memory_scorer(model: Any, objective: Objective, metrics: BatchMetrics, devic
         else:
             loss = batch_loss(model, inputs, metrics, shifted)
         return loss * size, size
+
+    return score
+
+
+def scores_in_memory(accelerator: Any) -> bool:
+    """Whether an evaluation inside training scores as ``lmctl eval`` does: one process, and
+    a model that neither DeepSpeed nor FSDP wraps."""
+    from accelerate.utils import DistributedType
+
+    return bool(
+        accelerator.num_processes == 1 and accelerator.distributed_type == DistributedType.NO
+    )
+
+
+def training_scorer(
+    accelerator: Any, model: Any, objective: Objective, metrics: BatchMetrics, *, is_main: bool
+) -> Scorer:
+    """How an evaluation inside training scores a batch: a plain model in one process as
+    ``lmctl eval`` scores it (:func:`memory_scorer`, on the unwrapped model under the run's
+    autocast: the same numbers, without the batch's full logits; a masked LM's head runs on
+    the masked positions only); a model of several processes or one that DeepSpeed or FSDP
+    wraps through :func:`gathered_scorer`."""
+    import torch
+
+    if not scores_in_memory(accelerator):
+        return gathered_scorer(accelerator, model, metrics, is_main=is_main)
+    plain = memory_scorer(accelerator.unwrap_model(model), objective, metrics, accelerator.device)
+
+    def score(batch: dict[str, Any]) -> tuple[float, int]:
+        # Not inference mode: tensors a model caches while scoring are used in training next.
+        with torch.no_grad(), accelerator.autocast():
+            return plain(batch)
 
     return score
 

@@ -332,5 +332,11 @@ def _train_through(model: Any, loss: Any, output: str) -> None:
         num_items = inputs.pop("num_items_in_batch", None)
         return result(loss=loss(inputs, labels, num_items))
 
-    forward.__signature__ = inspect.signature(own)  # type: ignore[attr-defined]
+    # The function's signature, ``self`` first: a bound method's signature drops the first
+    # parameter, which would otherwise be the model's first input.
+    signature = inspect.signature(own)
+    this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    forward.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[this, *signature.parameters.values()]
+    )
     model.forward = types.MethodType(forward, model)

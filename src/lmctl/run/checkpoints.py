@@ -187,6 +187,13 @@ def checkpoint_world_size(path: Path) -> int | None:
     return len(ranks) or None
 
 
+def holds_training_state(path: Path) -> bool:
+    """Whether a checkpoint holds what continues training exactly (the optimizer, the
+    schedule, every process's random state), not the model alone (``save_only_model``):
+    every process writes its random state into a full one."""
+    return checkpoint_world_size(path) is not None
+
+
 def read_checkpoint_state(path: Path) -> dict[str, Any]:
     state: dict[str, Any] = json.loads((path / STATE_FILE).read_text())
     return state

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmctl import distributed
 from lmctl.config.fields import flag_name
 from lmctl.config.slices import LaunchSpec, LoopSpec, field_names, take
 from lmctl.errors import ConfigError
@@ -43,6 +44,8 @@ RESUME_OVERRIDES = (
     "report_to",
     # Whether a training file changed since the run started is refused, or only warned about.
     "strict_resume",
+    # The learning-rate schedule goes on, or starts again over the steps left.
+    "restart_schedule",
     # Where and how the processes run (each machine of a multi-node run resumes with its own
     # rank); a checkpoint refuses to continue on another number of processes.
     *field_names(LaunchSpec),
@@ -214,7 +217,38 @@ def plan_resume(
     step = checkpoints.checkpoint_step(checkpoint)
     state = checkpoints.read_checkpoint_state(checkpoint)
     _check_there_is_more_to_do(take(LoopSpec, config), overrides, state, step, run_dir)
+    launch = take(LaunchSpec, config)
+    nproc = _recorded_processes(launch, "nproc" in overrides, checkpoint, console)
+    if nproc is not None:
+        config = config.model_copy(update={"nproc": nproc})
     return ResumePlan(run_dir, objective, config, checkpoint, step)
+
+
+def _recorded_processes(
+    launch: LaunchSpec, nproc_given: bool, checkpoint: Path, console: Console
+) -> int | None:
+    """The --nproc to resume with when none is given: a run continues on as many processes as
+    saved its checkpoint (each process's data order, random stream and stream position carry
+    over only then), under the launcher as with --nproc. Another --nproc is refused here,
+    before any process starts. Under a launcher its processes are the run's, and a run of
+    several machines names its processes per machine itself (``runtime.check_world_size``
+    checks both)."""
+    saved = checkpoints.checkpoint_world_size(checkpoint)
+    if saved is None or launch.nnodes > 1 or distributed.launched():
+        return None
+    if nproc_given:
+        if launch.nproc != saved:
+            raise ConfigError(
+                f"--nproc {launch.nproc}: {checkpoint} was saved by {saved} process(es); "
+                f"this run has {launch.nproc}",
+                f"leave --nproc out (the run resumes on the {saved} it was saved by), or "
+                "start a new run to train on another number",
+            )
+        return None
+    if saved == 1:
+        return None
+    console.info(f"{checkpoint.name} was saved by {saved} processes: resuming on --nproc {saved}")
+    return saved
 
 
 def _check_there_is_more_to_do(

@@ -291,14 +291,18 @@ def absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
 
 def write_config(path: Path, config: TrainConfig) -> None:
     """Save the resolved config. Local paths are made absolute; which checkpoint a run was
-    resumed from is not part of it (``lmctl resume`` finds the newest one itself); secrets
-    (see :mod:`lmctl.secrets`) are left out, and named in a comment."""
+    resumed from, and whether that resume restarted the schedule, is not part of it (``lmctl
+    resume`` finds the newest checkpoint itself); secrets (see :mod:`lmctl.secrets`) are left
+    out, and named in a comment."""
     import yaml
 
     from lmctl.config.loader import dump_config
 
     data = absolute_paths({"objective": config.objective, **dump_config(config, masked=True)})
+    # What one resume does: a later one starts from the newest checkpoint, and the schedule
+    # a resume restarted goes on from the step recorded in its checkpoints.
     data["resume_from_checkpoint"] = None
+    data["restart_schedule"] = False
     omitted = secrets.secret_keys(data)
     data = secrets.redact(data, drop=True)
     header = (

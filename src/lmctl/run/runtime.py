@@ -103,6 +103,12 @@ def resume_point(spec: RunSpec, run_dir: Path, console: Console) -> Path | None:
     checkpoint = checkpoints.resume_checkpoint(spec.run_dir, run_dir, console)
     if checkpoint is not None:
         check_world_size(checkpoint)
+        if checkpoint.is_dir() and not checkpoints.holds_training_state(checkpoint):
+            console.info(
+                f"{checkpoint.name} holds the model alone (save_only_model): training goes on "
+                "from its weights with a new optimizer state (AdamW's moments start from "
+                "zero) and new random states; the learning-rate schedule goes on"
+            )
     return checkpoint
 
 
