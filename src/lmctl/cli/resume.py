@@ -116,9 +116,13 @@ def local_copy(path: str, console: Console, overrides: dict[str, Any]) -> tuple[
     location = remote_location(path)
     if location is None:
         return local_path(path), None
-    from lmctl.distributed import machine
+    from lmctl.distributed import launched, machine
     from lmctl.mirror.fetch import fetch_run
+    from lmctl.run.lease import refuse_if_held
     from lmctl.storage.locations import run_staging_dir
+
+    if not launched():  # launched processes resume under the lease of their launcher
+        refuse_if_held(location, path)
 
     node, nodes = machine(_given_int(overrides, "node_rank", 0), _given_int(overrides, "nnodes", 1))
     staging = overrides.get("staging_dir")

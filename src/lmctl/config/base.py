@@ -465,30 +465,9 @@ class TrainConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _no_trainer_spellings(cls, data: Any) -> Any:
-        """``checkpointing_steps N|epoch`` sets the save strategy that both engines honour; it is
-        then cleared so the resolved config says it one way only."""
-        if not isinstance(data, dict):
-            return data
-        value = data.get("checkpointing_steps")
-        if value is None:
-            return data
-        data = {**data, "checkpointing_steps": None}
-        text = str(value).strip().lower()
-        if text in ("epoch", "no"):
-            data["save_strategy"] = text
-        elif text.isdigit() and int(text) > 0:
-            data["save_strategy"] = "steps"
-            data["save_steps"] = int(text)
-        else:
-            raise ConfigProblems(
-                [
-                    (
-                        f"--checkpointing-steps {value}: not a number of steps or 'epoch'",
-                        "e.g. --checkpointing-steps 500 or --checkpointing-steps epoch",
-                    )
-                ]
-            )
-        return data
+        from lmctl.config.upstream import checkpointing_steps
+
+        return checkpointing_steps(data)
 
     @field_validator("training_args")
     @classmethod

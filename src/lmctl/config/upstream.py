@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+from lmctl.config.problems import ConfigProblems
 from lmctl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -340,3 +341,30 @@ def _declared_value(name: str, value: Any, field: FieldKind, where: str) -> Any:
     if value is not None and wanted is not None and not wanted(value):
         raise _wrong_type(name, field, value, where)
     return value
+
+
+def checkpointing_steps(data: Any) -> Any:
+    """``checkpointing_steps N|epoch`` (the no_trainer scripts' spelling) sets the save strategy
+    that both engines honour; it is then cleared so the resolved config says it one way only."""
+    if not isinstance(data, dict):
+        return data
+    value = data.get("checkpointing_steps")
+    if value is None:
+        return data
+    data = {**data, "checkpointing_steps": None}
+    text = str(value).strip().lower()
+    if text in ("epoch", "no"):
+        data["save_strategy"] = text
+    elif text.isdigit() and int(text) > 0:
+        data["save_strategy"] = "steps"
+        data["save_steps"] = int(text)
+    else:
+        raise ConfigProblems(
+            [
+                (
+                    f"--checkpointing-steps {value}: not a number of steps or 'epoch'",
+                    "e.g. --checkpointing-steps 500 or --checkpointing-steps epoch",
+                )
+            ]
+        )
+    return data

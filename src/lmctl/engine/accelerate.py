@@ -86,21 +86,6 @@ def run(prepared: Prepared, console: Console, stop: StopRequest) -> EngineResult
         session.close()
 
 
-def load_weights(model: Any, folder: Path) -> None:
-    """The weights ``Accelerator.save_model`` wrote (one file, or shards and their index),
-    copied into the model's own parameters, which the optimizer holds."""
-    import json
-
-    from safetensors.torch import load_file
-
-    index = folder / "model.safetensors.index.json"
-    names = ["model.safetensors"]
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    for name in names:
-        model.load_state_dict(load_file(str(folder / name)), strict=False)
-
-
 def _length(loader: Any) -> int | None:
     try:
         return len(loader)
@@ -560,7 +545,7 @@ class AccelerateRun:
         if full:
             self.accelerator.load_state(str(path))
         else:
-            load_weights(self._unwrapped(), path)
+            checkpoints.load_weights(self._unwrapped(), path)
         state = self.state
         state.global_step = saved.global_step
         state.epoch = saved.epoch

@@ -220,3 +220,16 @@ def rotate_checkpoints(
     for checkpoint in deleted:
         atomic.remove_dir(checkpoint)
     return deleted
+
+
+def load_weights(model: Any, folder: Path) -> None:
+    """The weights ``Accelerator.save_model`` wrote (one file, or shards and their index),
+    copied into the model's own parameters, which the optimizer holds."""
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    names = ["model.safetensors"]
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    for name in names:
+        model.load_state_dict(load_file(str(folder / name)), strict=False)

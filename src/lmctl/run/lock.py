@@ -23,6 +23,9 @@ directory ever being free); its launched processes find its process id in
 :data:`HELD_ENV` and the record naming it, and do not try again. Otherwise the process that
 writes the run takes it: the main process, and with a storage URL on several machines the
 first process of each machine, for its own copy (see ``rundir.commits_checkpoints``).
+
+A run directory in a bucket is held across machines as well, by a lease object in the store
+that the main process takes after the local lock (:mod:`lmctl.run.lease`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lmctl.distributed import launched
+from lmctl.distributed import is_main_process, launched
 from lmctl.errors import ConfigError, PermissionDenied
 from lmctl.run import rundir
 from lmctl.storage.atomic import atomic_write
@@ -243,12 +246,20 @@ def holding(spec: RunDirSpec, launch: LaunchSpec, console: Console, command: str
     path = rundir.local_run_dir(spec)
     lock = RunDirLock(path, command)
     lock.acquire(console, str(spec.output_dir))
+    lease = None
     previous = os.environ.get(HELD_ENV)
-    os.environ[HELD_ENV] = str(os.getpid())
     try:
+        if rundir.is_remote_run(spec) and (not launched() or is_main_process()):
+            from lmctl.run.lease import StoreLease
+
+            lease = StoreLease(str(spec.output_dir), command)
+            lease.acquire(console, str(spec.output_dir))
+        os.environ[HELD_ENV] = str(os.getpid())
         yield
     finally:
         _restore(HELD_ENV, previous)
+        if lease is not None:
+            lease.release()
         lock.release()
 
 
