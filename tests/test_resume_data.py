@@ -71,6 +71,7 @@ def test_remote_training_files_are_not_recorded(tmp_path: Path) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.faults
 def test_resume_on_changed_data_warns_and_strict_refuses(
     tmp_path: Path, bpe_tokenizer: Path, text_files: tuple[Path, Path]
 ) -> None:

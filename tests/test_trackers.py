@@ -155,6 +155,7 @@ def test_trackio_local(
 
 
 @pytest.mark.e2e
+@pytest.mark.faults
 def test_with_tracking_at_defaults(
     bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path
 ) -> None:
