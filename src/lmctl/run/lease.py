@@ -144,6 +144,9 @@ class StoreLease:
     def _write(self, lease: Lease) -> None:
         fs, path = self._open()
         try:
+            if _local(fs):
+                # An object store has no directories; a local one needs the run's to exist.
+                fs.makedirs(fs._parent(path), exist_ok=True)
             fs.pipe_file(path, (json.dumps(asdict(lease)) + "\n").encode())
         except LmctlError:
             raise
@@ -210,6 +213,11 @@ class StoreLease:
         worker = threading.Thread(target=let_go, name="lmctl-lease-release", daemon=True)
         worker.start()
         worker.join(_RELEASE_WAIT_S)
+
+
+def _local(fs: AbstractFileSystem) -> bool:
+    protocol = fs.protocol
+    return "file" in (protocol if isinstance(protocol, (tuple, list)) else (protocol,))
 
 
 def refuse_if_held(url: str, shown: str) -> None:
