@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from lmctl.publish.files import published_config
 from tests.conftest import HUB_ONLINE, S3Store, free_port, lmctl, tiny_clm_args
 
 pytestmark = pytest.mark.e2e
@@ -55,7 +56,10 @@ def _sha256(data: bytes) -> str:
 
 
 def _published(rel: str, path: Path) -> bytes:
-    """What a push publishes of a run's file: the file as it is."""
+    """What a push publishes of a run's file: a copy of lmctl.yaml without local paths, any
+    other file as it is."""
+    if rel == "lmctl.yaml":
+        return published_config(path.read_text(encoding="utf-8")).encode()
     return path.read_bytes()
 
 

@@ -63,6 +63,7 @@ def finetuned(
 
 
 def card_metadata(card: str) -> dict[str, object]:
+    import yaml
 
     data: dict[str, object] = yaml.safe_load(card.split("---")[1])
     return data
@@ -90,6 +91,15 @@ def test_model_card_names_the_base_model_without_local_paths(
     proc = lmctl("push", out, "--to", dest.as_uri())
     assert proc.returncode == 0, proc.stderr
     assert card_metadata((dest / "README.md").read_text())["base_model"] == "my-gpt2"
+
+    # The published config names local files and folders by their names only; the run's own
+    # keeps its absolute paths (resume and eval read it from anywhere).
+    published = (dest / "lmctl.yaml").read_text()
+    assert str(base.parent) not in published and str(out) not in published
+    shared, kept = yaml.safe_load(published), yaml.safe_load((out / "lmctl.yaml").read_text())
+    assert (shared["model_name_or_path"], shared["output_dir"]) == ("my-gpt2", "run")
+    assert shared["train_file"] == Path(kept["train_file"]).name
+    assert kept["model_name_or_path"] == str(base)
 
 
 def test_a_checkpoint_is_pushed_without_its_training_state(

@@ -31,14 +31,24 @@ def local_metrics(tiny_clm_run: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def test_eval_of_a_run_pushed_to_s3(
-    tiny_clm_run: Path, s3_store: S3Store, local_metrics: dict[str, Any], tmp_path: Path
+    tiny_clm_run: Path,
+    s3_store: S3Store,
+    local_metrics: dict[str, Any],
+    text_files: tuple[Path, Path],
+    tmp_path: Path,
 ) -> None:
     env = {**s3_store.env(), "LMCTL_CACHE": str(tmp_path / "cache")}
     pushed = lmctl("push", tiny_clm_run, "--to", "s3://models/eval/tiny", env=env)
     assert pushed.returncode == 0, pushed.stderr
     before = sorted(p.relative_to(tiny_clm_run) for p in tiny_clm_run.rglob("*"))
 
-    proc = lmctl("eval", "s3://models/eval/tiny", "--json", env=env)
+    # A pushed run names its data by file name only (no local paths are published): the
+    # validation file is the user's to give.
+    unnamed = lmctl("eval", "s3://models/eval/tiny", "--json", env=env)
+    assert_clean_failure(unnamed, 2, "published without the local paths", "--validation-file")
+    _, valid = text_files
+    data = ("--validation-file", str(valid))
+    proc = lmctl("eval", "s3://models/eval/tiny", *data, "--json", env=env)
     assert _metrics(proc) == local_metrics
     result = json.loads(proc.stdout)
     assert result["kind"] == "run"
@@ -46,13 +56,17 @@ def test_eval_of_a_run_pushed_to_s3(
     assert "give --output FILE" in proc.stderr
     # Read-only credentials are enough, and a second evaluation reads from the cache.
     again = lmctl(
-        "eval", "s3://models/eval/tiny/", "--json", env={**env, **s3_store.env(s3_store.reader)}
+        "eval",
+        "s3://models/eval/tiny/",
+        *data,
+        "--json",
+        env={**env, **s3_store.env(s3_store.reader)},
     )
     assert _metrics(again) == local_metrics
     assert sorted(p.relative_to(tiny_clm_run) for p in tiny_clm_run.rglob("*")) == before
 
     out = tmp_path / "remote.json"
-    written = lmctl("eval", "s3://models/eval/tiny", "--output", out, env=env)
+    written = lmctl("eval", "s3://models/eval/tiny", *data, "--output", out, env=env)
     assert written.returncode == 0, written.stderr
     saved = {k: v for k, v in json.loads(out.read_text()).items() if k not in TIMINGS}
     assert saved == local_metrics
@@ -88,11 +102,14 @@ def test_eval_of_a_model_directory_on_s3_with_data_on_s3(
 
 
 def test_eval_of_a_file_url(
-    tiny_clm_run: Path, local_metrics: dict[str, Any], tmp_path: Path
+    tiny_clm_run: Path, local_metrics: dict[str, Any], text_files: tuple[Path, Path], tmp_path: Path
 ) -> None:
     dest = tmp_path / "published"
     assert lmctl("push", tiny_clm_run, "--to", f"file://{dest}").returncode == 0
-    assert _metrics(lmctl("eval", f"file://{dest}", "--json")) == local_metrics
+    published = (dest / "lmctl.yaml").read_text()
+    assert str(text_files[1]) not in published and "valid.txt" in published
+    data = ("--validation-file", text_files[1])
+    assert _metrics(lmctl("eval", f"file://{dest}", *data, "--json")) == local_metrics
 
 
 def test_eval_of_a_missing_remote_model(s3_store: S3Store, tmp_path: Path) -> None:

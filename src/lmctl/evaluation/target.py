@@ -261,6 +261,7 @@ def eval_config(target: Target, options: dict[str, Any]) -> TrainConfig:
         # Only the validation file is read; the training data need not even exist any more.
         values.pop("train_file", None)
         values.pop("max_train_samples", None)
+        _check_published_data(str(values["validation_file"]), target)
     for name in MODEL_FIELDS:
         values.pop(name, None)
     if target.kind == "model" and not any(
@@ -281,4 +282,20 @@ def eval_config(target: Target, options: dict[str, Any]) -> TrainConfig:
         cli_values={**options, **forced},
         defaults=values,
         objective=objective.name,
+    )
+
+
+def _check_published_data(name: str, target: Target) -> None:
+    """A run keeps its data paths absolute; a published one names its files by their names
+    alone (``lmctl push`` leaves the local paths out), which only the user can point at."""
+    import os
+
+    from lmctl.storage.paths import local_path, url_scheme
+
+    if url_scheme(name) is not None or os.path.isabs(name) or local_path(name).exists():
+        return
+    raise ConfigError(
+        f"{target.path} was published without the local paths of the machine that trained it: "
+        f"its lmctl.yaml names the validation file {name!r}, which is not here",
+        "give --validation-file FILE (or --dataset-name NAME) to evaluate on",
     )

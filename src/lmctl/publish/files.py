@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -161,11 +162,18 @@ def human_size(size: float) -> str:
 
 @contextmanager
 def for_publication(files: list[LocalFile]) -> Iterator[list[LocalFile]]:
-    """``files`` as they are published. A pushed run is evaluated and resumed from its
-    ``lmctl.yaml``, which names its data files by their absolute paths, so it is published as
-    it is (``lmctl eval`` of a pushed run reads them); :func:`published_config` is the copy
-    without local paths for readers who only look."""
-    yield list(files)
+    """``files`` as they are published: a run's ``lmctl.yaml`` replaced by its copy without
+    local paths (:func:`published_config`), kept in a temporary folder while in use."""
+    with tempfile.TemporaryDirectory(prefix="lmctl-publish-") as folder:
+        published: list[LocalFile] = []
+        for item in files:
+            if item.rel != rundir.CONFIG_FILE:
+                published.append(item)
+                continue
+            copy = Path(folder) / item.rel
+            copy.write_text(published_config(item.path.read_text(encoding="utf-8")), "utf-8")
+            published.append(LocalFile(item.rel, copy, copy.stat().st_size))
+        yield published
 
 
 def published_config(text: str) -> str:
