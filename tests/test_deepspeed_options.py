@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -175,22 +176,53 @@ def test_launcher_commands_with_restarts(tmp_path: Path) -> None:
     assert launcher_environment(take(LaunchSpec, _config(tmp_path, nproc=2))) == {}
 
 
-def test_resume_refuses_another_world_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_on_another_world_size_keeps_the_global_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint of 2 processes continues on 1 when the global batch stays the same
+    (lmctl resume doubles the accumulation for it); a checkpoint that does not record its
+    global batch, another global batch, a stream and sharded states are refused (exit 2)."""
     from lmctl.run.runtime import check_world_size
+    from lmctl.run.totals import BatchShape
 
     checkpoint = tmp_path / "checkpoint-5"
     checkpoint.mkdir()
     for rank in (0, 1):
         (checkpoint / f"rng_state_{rank}.pth").write_bytes(b"")
+    (checkpoint / "trainer_state.json").write_text("{}")
+    two = sliced(_config(tmp_path, per_device_train_batch_size=4))
     monkeypatch.setenv("WORLD_SIZE", "2")
-    check_world_size(checkpoint)
+    check_world_size(checkpoint, two)
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(ConfigError) as caught:
-        check_world_size(checkpoint)
+        check_world_size(checkpoint, two)
     assert caught.value.exit_code == 2
-    assert "saved by 2 process(es); this run has 1" in caught.value.message
-    assert "--nproc 2" in (caught.value.hint or "")
+    assert "saved by 2 process(es) and cannot continue on 1" in caught.value.message
+    assert "does not record its global batch" in caught.value.message
+    assert "resume it on 2" in (caught.value.hint or "")
+
+    shape = BatchShape(4, 2, 1)
+    holder = SimpleNamespace(stateful_callbacks=None)
+    shape.record(holder)
+    (checkpoint / "trainer_state.json").write_text(
+        json.dumps({"stateful_callbacks": holder.stateful_callbacks})
+    )
+    assert BatchShape.of_checkpoint(checkpoint) == shape
+    assert shape.on(1) == BatchShape(4, 1, 2) and shape.on(4) == BatchShape(2, 4, 1)
+    assert shape.on(3) is None
+    same = sliced(_config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2))
+    check_world_size(checkpoint, same)
+    with pytest.raises(ConfigError) as caught:
+        check_world_size(checkpoint, two)
+    assert "its global batch is 8 = 4 per device x 2 process(es)" in caught.value.message
+    stream = sliced(
+        _config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                streaming=True, max_steps=10)
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as caught:
+        check_world_size(checkpoint, stream)
+    assert "stream" in caught.value.message
     single = tmp_path / "checkpoint-9"
     single.mkdir()
     (single / "rng_state.pth").write_bytes(b"")
-    check_world_size(single)
+    check_world_size(single, two)

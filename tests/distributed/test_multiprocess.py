@@ -20,6 +20,7 @@ from tests.distributed.conftest import (
     TINY_GPT2,
     descendants,
     finish,
+    kill_when,
     lmctl_command,
     max_difference,
     rank_of,
@@ -223,7 +224,7 @@ def test_resume_runs_on_the_processes_the_run_was_saved_by(
     bpe_tokenizer: Path, unique_lines: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """`lmctl resume RUN` of a run of 2 processes runs on 2 (under the launcher, as --nproc 2
-    would); asking for another number is refused before any process starts."""
+    would)."""
     out = tmp_path / "run"
     train, _ = unique_lines
     args = [
@@ -233,10 +234,6 @@ def test_resume_runs_on_the_processes_the_run_was_saved_by(
     ]  # fmt: skip
     proc = run(lmctl_command(*args), tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    refused = run(lmctl_command("resume", out, "--max-steps", "4", "--nproc", "1"), tmp_path)
-    assert refused.returncode == 2, refused.stderr[-2000:]
-    assert "--nproc 1: " in refused.stderr and "saved by 2 process(es)" in refused.stderr
-    assert "running: " not in refused.stderr
     resumed = run(lmctl_command("resume", out, "--max-steps", "4"), tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "resuming on --nproc 2" in resumed.stderr
@@ -245,3 +242,65 @@ def test_resume_runs_on_the_processes_the_run_was_saved_by(
     latest = run_checkpoints.latest_checkpoint(out)
     assert latest is not None and latest.name == "checkpoint-4"
     assert run_checkpoints.checkpoint_world_size(latest) == 2
+
+
+def _steps(seen: Path, ranks: int, per_forward: int, forwards_per_step: int) -> list[set]:
+    """The examples of each optimizer step, from the rows each rank recorded in order."""
+    rows = [records(seen, rank) for rank in range(ranks)]
+    size = per_forward * forwards_per_step
+    steps = max(len(r) for r in rows) // size
+    return [
+        {row for r in rows for row in r[step * size : (step + 1) * size]} for step in range(steps)
+    ]
+
+
+@pytest.mark.parametrize(("saved_on", "resumed_on"), [(2, 1), (1, 2)])
+@pytest.mark.parametrize("engine", ["trainer", "accelerate"])
+def test_resume_on_another_number_of_processes_continues_the_same_global_batches(
+    engine: str,
+    saved_on: int,
+    resumed_on: int,
+    *,
+    bpe_tokenizer: Path,
+    unique_lines: tuple[Path, Path],
+    tmp_path: Path,
+) -> None:
+    """SIGKILL after a checkpoint, `lmctl resume --nproc M` on another number: the
+    accumulation changes so the global batch stays 8, and every optimizer step trains on the
+    examples the uninterrupted run trained on at that step."""
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    seen_full, seen_killed, seen_resumed = (tmp_path / n for n in ("sf", "sk", "sr"))
+    for folder in (seen_full, seen_killed, seen_resumed):
+        folder.mkdir()
+    accumulation = {2: "1", 1: "2"}[saved_on]
+
+    def args(out: Path) -> list[str]:
+        return [*training_args("clm", bpe_tokenizer, unique_lines, out, "--engine", engine),
+                "--save-steps", "4", "--no-eval", "--nproc", str(saved_on),
+                "--gradient-accumulation-steps", accumulation]  # fmt: skip
+
+    proc = run(lmctl_command(*args(full)), tmp_path, {"LMCTL_RECORD_DIR": str(seen_full)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    slow = {"LMCTL_RECORD_DIR": str(seen_killed), "LMCTL_STEP_DELAY": "0.5"}
+    kill_when(start(lmctl_command(*args(killed)), tmp_path, slow), (killed / "checkpoint-4").is_dir)
+    assert not (killed / "model.safetensors").exists()
+    resumed = run(
+        lmctl_command("resume", killed, "--nproc", str(resumed_on)),
+        tmp_path,
+        {"LMCTL_RECORD_DIR": str(seen_resumed)},
+    )
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f"continuing on {resumed_on} with the same global batch of 8" in resumed.stderr
+    expected = _steps(seen_full, saved_on, 4, 2 // saved_on)
+    assert len(expected) == 10
+    done = _steps(seen_resumed, resumed_on, 4, 2 // resumed_on)
+    assert len(done) == 10 - 4
+    assert done == expected[4:]
+    latest = run_checkpoints.latest_checkpoint(killed)
+    assert latest is not None and latest.name == "checkpoint-10"
+    assert run_checkpoints.checkpoint_world_size(latest) == resumed_on
+    state = json.loads((latest / "trainer_state.json").read_text())
+    assert state["stateful_callbacks"]["LmctlGlobalBatch"] == {
+        "per_device": 4, "processes": resumed_on, "accumulation": 2 // resumed_on,
+    }  # fmt: skip
+    assert results(killed)["train_loss"] > 0

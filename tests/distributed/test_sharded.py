@@ -66,7 +66,8 @@ def test_sharded_run_resumes_after_sigkill_to_the_same_weights(
     assert not (killed / "model.safetensors").exists()
     refused = run(lmctl_command("resume", killed, "--nproc", "1"), tmp_path)  # refused
     assert refused.returncode == 2, refused.stderr[-2000:]
-    assert "saved by 2 process(es); this run has 1" in refused.stderr
+    assert "saved by 2 process(es) and cannot continue on 1" in refused.stderr
+    assert "sharded per process" in refused.stderr
     resumed = run(lmctl_command("resume", killed, "--nproc", "2"), tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert checkpoints.checkpoint_step(checkpoints.latest_checkpoint(killed)) == 10  # type: ignore[arg-type]

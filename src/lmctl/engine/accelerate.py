@@ -50,7 +50,7 @@ from lmctl.run.lifecycle import (
 from lmctl.run.progress import StepReporter
 from lmctl.run.record import LoopRecord
 from lmctl.run.signals import StopRequest
-from lmctl.run.totals import RunTotals
+from lmctl.run.totals import BatchShape, RunTotals
 from lmctl.run.tracking import TRACKING_PROJECT, check_trackers, tracked_hyperparameters
 
 if TYPE_CHECKING:
@@ -500,6 +500,7 @@ class AccelerateRun:
             if getattr(model, "generation_config", None) is not None and model.can_generate():
                 model.generation_config.save_pretrained(staging)
             self.prepared.tokenizer.save_pretrained(staging)
+            BatchShape.of(self.loop, self.accelerator.num_processes).record(state)
             if self._totals_before is not None:
                 self._totals_before.then(
                     state.global_step,
@@ -523,8 +524,10 @@ class AccelerateRun:
     def _restore(self, checkpoint: str) -> tuple[int, int]:
         """Load a checkpoint's state (of a model-only one, the weights); returns the data
         position to continue from."""
+        from accelerate.utils import set_seed
         from transformers import TrainerState
 
+        acc = self.accelerator
         path = Path(checkpoint)
         state_file = path / history.STATE_FILE
         saved = TrainerState.load_from_json(str(state_file)) if state_file.is_file() else None
@@ -535,26 +538,32 @@ class AccelerateRun:
                 "resume it with the engine that wrote it (--engine trainer), or start a new run",
             )
         batch_size = self.loop.per_device_train_batch_size
-        if saved.train_batch_size not in (None, batch_size):
+        shape, now = BatchShape.of_checkpoint(path), BatchShape.of(self.loop, acc.num_processes)
+        done = int(position["batches_done"])
+        if shape is not None and shape != now:
+            # Another number of processes with the same global batch (``resume.plan_resume``):
+            # the same samples of the epoch are consumed, counted in this world's batches.
+            done = done * shape.per_device * shape.processes // (now.per_device * now.processes)
+        elif saved.train_batch_size not in (None, batch_size):
             self.console.warn(
                 f"the checkpoint was trained with batch size {saved.train_batch_size}, not "
-                f"{batch_size}: the data order will not continue "
-                "exactly"
+                f"{batch_size}: the data order will not continue exactly"
             )
         full = checkpoints.holds_training_state(path)
         if full:
-            self.accelerator.load_state(str(path))
+            acc.load_state(str(path))
         else:
             checkpoints.load_weights(self._unwrapped(), path)
         state = self.state
         state.global_step = saved.global_step
         state.epoch = saved.epoch
         state.log_history = saved.log_history
-        accumulation = self.loop.gradient_accumulation_steps
-        per_step = batch_size * self.accelerator.num_processes * accumulation
-        self.record.restore(saved, samples_per_step=per_step)
+        self.record.restore(saved, samples_per_step=now.size)
         self._totals_before = RunTotals.of_checkpoint(checkpoint)
-        self._position = (int(position["epoch"]), int(position["batches_done"]))
+        self._position = (int(position["epoch"]), done)
+        if shape is not None and shape.processes != now.processes:
+            # The saved random states are per process: re-derived from the seed and the step.
+            set_seed(self.loop.seed + state.global_step + acc.process_index)
         restored = full and not self.prepared.spec.optimizer.restart_schedule
         place_schedule(
             self.scheduler.scheduler, None if restored else state.global_step - self._schedule_start

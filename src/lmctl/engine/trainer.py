@@ -29,7 +29,7 @@ from lmctl.run.lifecycle import (
 )
 from lmctl.run.progress import StepReporter
 from lmctl.run.signals import StopRequest
-from lmctl.run.totals import RunTotals
+from lmctl.run.totals import BatchShape, RunTotals
 from lmctl.run.tracking import TRACKING_PROJECT, check_trackers, mlflow_run
 from lmctl.storage.paths import local_folder
 
@@ -251,6 +251,7 @@ def _make_trainer_class() -> type:
                     else:
                         stateful[name] = cb.state()
             record_schedule_start(stateful, self.schedule_start)
+            BatchShape.of(self.args, self.args.world_size).record(self.state)
             if self.run_totals is not None:
                 session_loss = self._total_loss_scalar + float(self._tr_loss.item())
                 self.run_totals.then(

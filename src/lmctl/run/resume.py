@@ -8,6 +8,7 @@ by the run. Light: nothing here imports torch or transformers.
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl import distributed
 from lmctl.config.fields import flag_name
-from lmctl.config.slices import LaunchSpec, LoopSpec, field_names, take
+from lmctl.config.slices import DataSpec, LaunchSpec, LoopSpec, ScaleSpec, field_names, take
 from lmctl.errors import ConfigError
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import checkpoints, history, rundir
+from lmctl.run.lock import HELD_ENV
+from lmctl.run.runtime import world_change_problem
+from lmctl.run.totals import BatchShape
 from lmctl.storage import atomic
 from lmctl.storage.paths import is_remote, local_path, url_scheme
 
@@ -221,7 +225,71 @@ def plan_resume(
     nproc = _recorded_processes(launch, "nproc" in overrides, checkpoint, console)
     if nproc is not None:
         config = config.model_copy(update={"nproc": nproc})
+    batch = _same_global_batch(
+        take(LaunchSpec, config),
+        (take(DataSpec, config), take(ScaleSpec, config), take(LoopSpec, config)),
+        checkpoint,
+        console,
+    )
+    if batch:
+        config = config.model_copy(update=batch)
     return ResumePlan(run_dir, objective, config, checkpoint, step)
+
+
+def _same_global_batch(
+    launch: LaunchSpec,
+    run: tuple[DataSpec, ScaleSpec, LoopSpec],
+    checkpoint: Path,
+    console: Console,
+) -> dict[str, int]:
+    """On another number of processes than saved the checkpoint, the same global batch: the
+    accumulation steps (or, when they cannot, the per-device batch) chosen so that
+    per-device batch x processes x accumulation stays what it was; said in one line by the
+    process that starts the others. What cannot continue is refused by
+    ``runtime.check_world_size``, which every process runs. The fields to change, if any."""
+    saved = checkpoints.checkpoint_world_size(checkpoint)
+    if distributed.launched():
+        processes = distributed.world_size()
+    elif launch.nnodes > 1:
+        return {}
+    else:
+        processes = launch.nproc or 1
+    shape = BatchShape.of_checkpoint(checkpoint)
+    if saved is None or saved == processes:
+        return {}
+    if shape is None:
+        raise ConfigError(
+            f"--nproc {processes}: {checkpoint.name} was saved by {saved} process(es) and does "
+            "not record its global batch (it was written by an older lmctl)",
+            f"leave --nproc out (the run resumes on the {saved} it was saved by), or start a "
+            "new run",
+        )
+    problem = world_change_problem(*run)
+    if problem is not None:
+        raise ConfigError(
+            f"{checkpoint.name} was saved by {saved} process(es) and cannot continue on "
+            f"{processes}: {problem}",
+            f"resume it on {saved} (leave --nproc out), or start a new run",
+        )
+    new = shape.on(processes)
+    if new is None:
+        fits = [n for n in range(1, shape.size + 1) if shape.size % n == 0 and n <= 64]
+        raise ConfigError(
+            f"--nproc {processes}: the global batch of {checkpoint.name}, {shape.describe()}, "
+            f"does not split evenly over {processes} processes",
+            "resume on a number of processes that divides it: " + ", ".join(map(str, fits)),
+        )
+    if not distributed.launched() or (
+        distributed.is_main_process() and not os.environ.get(HELD_ENV)
+    ):
+        console.info(
+            f"{checkpoint.name} was saved by {saved} process(es); continuing on {processes} "
+            f"with the same global batch of {new.describe()}"
+        )
+    return {
+        "per_device_train_batch_size": new.per_device,
+        "gradient_accumulation_steps": new.accumulation,
+    }
 
 
 def _recorded_processes(
@@ -234,16 +302,7 @@ def _recorded_processes(
     several machines names its processes per machine itself (``runtime.check_world_size``
     checks both)."""
     saved = checkpoints.checkpoint_world_size(checkpoint)
-    if saved is None or launch.nnodes > 1 or distributed.launched():
-        return None
-    if nproc_given:
-        if launch.nproc != saved:
-            raise ConfigError(
-                f"--nproc {launch.nproc}: {checkpoint} was saved by {saved} process(es); "
-                f"this run has {launch.nproc}",
-                f"leave --nproc out (the run resumes on the {saved} it was saved by), or "
-                "start a new run to train on another number",
-            )
+    if saved is None or launch.nnodes > 1 or distributed.launched() or nproc_given:
         return None
     if saved == 1:
         return None

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Literal
 from lmctl import distributed
 from lmctl.errors import ConfigError
 from lmctl.run import checkpoints
+from lmctl.run.totals import BatchShape
 
 if TYPE_CHECKING:
-    from lmctl.config.slices import RunSpec
+    from lmctl.config.slices import DataSpec, LoopSpec, RunSpec, ScaleSpec
     from lmctl.console import Console
     from lmctl.fastpaths.table import FastPaths, Setting
 
@@ -102,7 +103,7 @@ def resume_point(spec: RunSpec, run_dir: Path, console: Console) -> Path | None:
         return None
     checkpoint = checkpoints.resume_checkpoint(spec.run_dir, run_dir, console)
     if checkpoint is not None:
-        check_world_size(checkpoint)
+        check_world_size(checkpoint, spec)
         if checkpoint.is_dir() and not checkpoints.holds_training_state(checkpoint):
             console.info(
                 f"{checkpoint.name} holds the model alone (save_only_model): training goes on "
@@ -112,20 +113,46 @@ def resume_point(spec: RunSpec, run_dir: Path, console: Console) -> Path | None:
     return checkpoint
 
 
-def check_world_size(checkpoint: Path) -> None:
-    """Refuse to continue a checkpoint on another number of processes: the per-process data
-    order, RNG streams and stream positions it holds would not carry over exactly."""
+def check_world_size(checkpoint: Path, spec: RunSpec) -> None:
+    """A checkpoint continues on another number of processes with the same global batch
+    (``lmctl resume`` chooses the accumulation steps for it, see :mod:`lmctl.run.resume`): the
+    seeded order of map-style data is split between processes by global batch, so every step
+    trains on the same examples. What is cut per process is refused: a stream's positions,
+    sharded optimizer states, length groups."""
     if not checkpoint.is_dir():
         return
     saved = checkpoints.checkpoint_world_size(checkpoint)
     current = distributed.world_size()
     if saved is None or saved == current:
         return
+    problem = world_change_problem(spec.data, spec.scale, spec.loop)
+    shape = BatchShape.of_checkpoint(checkpoint)
+    loop = spec.loop
+    here = BatchShape(loop.per_device_train_batch_size, current, loop.gradient_accumulation_steps)
+    if problem is None and shape is None:
+        problem = "it does not record its global batch (it was written by an older lmctl)"
+    if problem is None and shape is not None and shape.size != here.size:
+        problem = f"its global batch is {shape.describe()}; this run's would be {here.describe()}"
+    if problem is None:
+        return
     raise ConfigError(
-        f"{checkpoint} was saved by {saved} process(es); this run has {current}",
-        f"resume it on {saved}: add --nproc {saved} (or launch with --nproc_per_node "
-        f"{saved}), or start a new run to train on {current}",
+        f"{checkpoint} was saved by {saved} process(es) and cannot continue on {current}: "
+        f"{problem}",
+        f"resume it on {saved} (lmctl resume RUN_DIR without --nproc), or start a new run",
     )
+
+
+def world_change_problem(data: DataSpec, scale: ScaleSpec, loop: LoopSpec) -> str | None:
+    """Why a run cannot continue on another number of processes (None: it can)."""
+    if data.streaming:
+        return "a stream's recorded positions belong to the processes that read them"
+    if scale.deepspeed:
+        return "its DeepSpeed ZeRO states are sharded per process (resharding is not supported)"
+    if scale.fsdp:
+        return "its FSDP states are sharded per process (resharding is not supported)"
+    if loop.group_by_length:
+        return "--group-by-length groups samples within each process's share of a step"
+    return None
 
 
 def fast_path_setting(spec: RunSpec, device: str, precision: str | None) -> Setting:

@@ -105,3 +105,60 @@ def recorded_totals(before: RunTotals | None) -> dict[str, Any]:
     if before.runtime > 0:
         metrics["train_steps_per_second"] = round(before.steps / before.runtime, 3)
     return metrics
+
+
+#: Where a checkpoint's ``trainer_state.json`` records the shape of the global batch that
+#: trained it (under ``stateful_callbacks``), so that a resume on another number of
+#: processes keeps the same global batch.
+GLOBAL_BATCH = "LmctlGlobalBatch"
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The global batch of an optimizer step: per-device batch x processes x accumulation."""
+
+    per_device: int
+    processes: int
+    accumulation: int
+
+    @property
+    def size(self) -> int:
+        return self.per_device * self.processes * self.accumulation
+
+    def describe(self) -> str:
+        return (
+            f"{self.size} = {self.per_device} per device x {self.processes} process(es) x "
+            f"{self.accumulation} accumulation step(s)"
+        )
+
+    @classmethod
+    def of(cls, loop: Any, processes: int) -> BatchShape:
+        """The shape a training loop's settings (``TrainingArguments`` or ``LoopSpec``) give on
+        ``processes`` processes."""
+        return cls(loop.per_device_train_batch_size, processes, loop.gradient_accumulation_steps)
+
+    def record(self, state: Any) -> None:
+        """Store in a ``TrainerState`` about to be saved into a checkpoint."""
+        extra: Any = state.stateful_callbacks or {}
+        extra[GLOBAL_BATCH] = asdict(self)
+        state.stateful_callbacks = extra
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: Path) -> BatchShape | None:
+        """The shape a checkpoint recorded (None: a checkpoint written before it was)."""
+        try:
+            saved = checkpoints.read_checkpoint_state(checkpoint)
+            data = (saved.get("stateful_callbacks") or {})[GLOBAL_BATCH]
+            return cls(int(data["per_device"]), int(data["processes"]), int(data["accumulation"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def on(self, processes: int) -> BatchShape | None:
+        """The same global batch on ``processes`` processes: the per-device batch kept and the
+        accumulation steps changed when that divides, else the largest smaller per-device
+        batch that does (None: the global batch does not split evenly over ``processes``)."""
+        if self.size % processes:
+            return None
+        share = self.size // processes
+        per_device = max(b for b in range(1, self.per_device + 1) if share % b == 0)
+        return BatchShape(per_device, processes, share // per_device)
