@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,11 @@ def test_a_pushed_copy_never_points_at_the_original(
     assert pushed.returncode == 0, pushed.stderr
     before = checksums(original)
 
+    # The published config names its data files and tokenizer by their names only: the copy
+    # is used from the folder that holds them.
+    for data in text_files:
+        shutil.copy(data, work / data.name)
+    shutil.copytree(bpe_tokenizer, work / bpe_tokenizer.name)
     shown = lmctl("train", "clm", "--config", "copy/lmctl.yaml", "--dry-run", "--json", cwd=work)
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["config"]["output_dir"] == str(copy)
