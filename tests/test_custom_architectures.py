@@ -60,6 +60,7 @@ def test_train_custom_architecture_from_a_py_file(
     assert type(model).__name__ == "TinyLM"
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_module_name_and_entry_point(
     tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path

@@ -214,6 +214,7 @@ def test_resume_is_exact_with_random_collators(
     assert results(crashed)["eval_loss"] == pytest.approx(results(full)["eval_loss"], abs=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_engines_agree_on_the_final_eval_loss(
     uninterrupted: Path, bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path

@@ -30,6 +30,7 @@ def local_metrics(tiny_clm_run: Path, tmp_path_factory: pytest.TempPathFactory) 
     return _metrics(lmctl("eval", tiny_clm_run, "--json", "--output", out))
 
 
+@pytest.mark.slow
 def test_eval_of_a_run_pushed_to_s3(
     tiny_clm_run: Path,
     s3_store: S3Store,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import S3Store, assert_clean_failure, lmctl, tiny_clm_args
+from tests.conftest import S3Store, assert_clean_failure, lmctl, slow_except, tiny_clm_args
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +53,7 @@ class Store:
         return key[len("run/") :] if key.startswith("run/") else f"../{key}"
 
 
-@pytest.fixture(params=["s3", "file"])
+@pytest.fixture(params=slow_except(["s3", "file"], "file"))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     s3 = request.getfixturevalue("s3_store") if request.param == "s3" else None
     return Store(request.param, tmp_path, s3)

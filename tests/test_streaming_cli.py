@@ -109,6 +109,7 @@ def test_prepare_then_train_reuses_the_cache(
     assert "preparing" not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_resumed_stream_reads_on_from_the_checkpoint(tmp_path: Path, bpe_tokenizer: Path) -> None:
     """Resume restores the stream position exactly, even after the data wrapped around:
