@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from lmctl.evaluation.target import resolve_target
 from lmctl.prediction.generate import Generation
 from lmctl.prediction.inputs import read_records, read_texts
+from lmctl.storage.paths import is_remote
 
 if TYPE_CHECKING:
     from lmctl.console import Console
@@ -95,6 +96,8 @@ def sample_line(run_dir: str, prompt: str, console: Console, max_new_tokens: int
     from lmctl.console import Console
     from lmctl.prediction.load import load_model, load_tokenizer
 
+    if is_remote(run_dir):
+        return  # a run uploaded to a store is not fetched back for a taste
     # Loading the model again is no news: only its warnings are said.
     quiet = Console(replace(console.options, quiet=True), console.out)
     try:

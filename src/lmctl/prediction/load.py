@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl.config.base import TrainConfig
 from lmctl.config.slices import Access, AdapterSpec, ModelSpec, field_names
+from lmctl.data.load import silence_libraries
 from lmctl.errors import ModelError
 from lmctl.models.build import build_model
 from lmctl.models.config import build_model_config, max_positions
@@ -46,6 +47,7 @@ def load_tokenizer(target: Target) -> Any:
     """The tokenizer saved with the weights (light: no model is loaded)."""
     from transformers import AutoTokenizer
 
+    silence_libraries()
     saved = {key: target.saved[key] for key in LOADING_FIELDS if key in target.saved}
     access = _slice(Access, saved)
     return load_pretrained(
