@@ -36,10 +36,12 @@ Line = tuple[str, list[tuple[str, str]]]
 
 def _continuation(prediction: dict[str, Any]) -> list[Line]:
     prompt, continuation = prediction["prompt"], prediction["continuation"]
+    # A plain line each, whatever line breaks the model generates; the terminal shows them.
+    flat = continuation.replace("\n", "\\n")
     return [
         (f"prompt: {prompt}", [("prompt ", "dim"), (prompt, "bold")]),
         (
-            f"continuation: {continuation}",
+            f"continuation: {flat}",
             [("→ ", "dim"), (prompt, "bold"), (continuation, "cyan")],
         ),
     ]
