@@ -218,8 +218,11 @@ def test_no_input_exits_2(tmp_path: Path) -> None:
     assert "no --prompt and no --input" in error_line(proc)
 
 
-def test_a_missing_input_file_exits_2(tiny_clm_run: Path, tmp_path: Path) -> None:
-    proc = lmctl("predict", tiny_clm_run, "--input", tmp_path / "prompts.txt")
+def test_a_missing_input_file_exits_2(tmp_path: Path) -> None:
+    model = tmp_path / "model"  # a model directory, as far as PATH goes
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    proc = lmctl("predict", model, "--input", tmp_path / "prompts.txt")
     assert proc.returncode == 2
     assert f"--input {tmp_path / 'prompts.txt'}: no such file" in error_line(proc)
 
@@ -260,7 +263,7 @@ def test_records_from_csv_json_lines_and_prompts(tmp_path: Path) -> None:
     ]
     options = record_options({"context_column": "q", "ending_columns": "a,b"})
     check_records(items, options)  # the run's own columns: accepted
-    with pytest.raises(DataError, match="no column 'ending0', 'ending1'"):
+    with pytest.raises(DataError, match="no column 'sent1', 'ending0', 'ending1'"):
         check_records(items, record_options({}))  # train swag's defaults
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"q": "p"}\nnot json\n', encoding="utf-8")
