@@ -77,7 +77,7 @@ def load_model(target: Target, tokenizer: Any, console: Console) -> Loaded:
     if not objective.segment_ids:
         leave_out_segment_ids(tokenizer, console)
     try:
-        model = build_model(
+        model: Any = build_model(
             objective,
             model_config,
             tokenizer,

@@ -65,11 +65,11 @@ def fill_masks(loaded: Loaded, items: list[Item], top_k: int) -> list[dict[str, 
             logits = model(**inputs).logits[0]
         k = min(top_k, logits.shape[-1])
         masks = []
-        best_tokens = []
+        best_tokens: list[str] = []
         for number, position in enumerate(positions, start=1):
             probabilities = torch.softmax(logits[position].float(), dim=-1)
             values, indices = probabilities.topk(k)
-            candidates = [
+            candidates: list[dict[str, Any]] = [
                 {
                     "token": _token_text(tokenizer, int(index)),
                     "token_id": int(index),
