@@ -60,7 +60,7 @@ def continuations(
     results = []
     for item in items:
         assert item.text is not None
-        ids = tokenizer(item.text, add_special_tokens=False)["input_ids"]
+        ids = _prompt_ids(tokenizer, item.text)
         if not ids:
             raise ConfigError(
                 f"{item.where}: no tokens in {item.text!r}", "give a prompt with some text"
@@ -86,6 +86,17 @@ def continuations(
             }
         )
     return results
+
+
+def _prompt_ids(tokenizer: Any, text: str) -> list[int]:
+    """The prompt's tokens as training saw text begin: with the tokens the tokenizer puts
+    first (a BOS or [CLS]), without those it puts last (an EOS or [SEP] would end the text)."""
+    ids = list(tokenizer(text)["input_ids"])
+    special = set(tokenizer.all_special_ids)
+    plain = tokenizer(text, add_special_tokens=False)["input_ids"]
+    while ids and ids[-1] in special and len(ids) > len(plain):
+        ids.pop()
+    return ids if any(token not in special for token in ids) else []
 
 
 def _prompt_room(max_length: int | None, max_new_tokens: int) -> int | None:
