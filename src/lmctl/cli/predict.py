@@ -208,8 +208,10 @@ def run_predict(
         given = (("--temperature", temperature), ("--top-p", top_p))
         unused = [flag for flag, value in given if value is not None]
         if unused:
+            verb, pronoun = ("applies", "it") if len(unused) == 1 else ("apply", "them")
             console.warn(
-                f"{' and '.join(unused)} apply to sampling only: add --do-sample, or drop them"
+                f"{' and '.join(unused)} {verb} to sampling only: add --do-sample, or drop "
+                f"{pronoun}"
             )
     from lmctl.prediction import Generation, predict
 
