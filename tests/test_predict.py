@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from lmctl.errors import ConfigError, DataError
-from tests.conftest import TINY_BERT, lmctl, write_jsonl
+from tests.conftest import TINY_BERT, TINY_XLNET, lmctl, write_jsonl
 
 # The command ----------------------------------------------------------------------------------
 
@@ -77,6 +77,29 @@ def test_clm_run_continues_each_prompt_and_a_file_url_gives_the_same(tiny_clm_ru
     assert [p["prompt"] for p in predictions] == prompts
     assert all(1 <= p["new_tokens"] <= 4 for p in predictions)
     assert [p["continuation"] for p in predictions] == shown
+
+
+@pytest.mark.e2e
+def test_plm_run_samples_from_the_seed_afresh_for_each_prompt(
+    tmp_path: Path, text_files: tuple[Path, Path]
+) -> None:
+    run = tmp_path / "run"
+    proc = lmctl(
+        "train", "plm", *TINY_XLNET, "--train-tokenizer", "300",
+        "--train-file", text_files[0], "--no-eval", "--max-seq-length", "32",
+        "--max-train-samples", "32", "--max-steps", "2", "-o", run,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    payload = predict_json(
+        run, "--prompt", "the king", "--prompt", "the king", "--prompt", "a queen",
+        "--do-sample", "--seed", "3", "--max-new-tokens", "3",
+    )  # fmt: skip
+    assert payload["objective"] == "plm"
+    assert payload["settings"]["do_sample"] is True
+    first, again, other = payload["predictions"]
+    assert all(1 <= p["new_tokens"] <= 3 for p in payload["predictions"])
+    assert first["continuation"] == again["continuation"]  # the same draws for the same prompt
+    assert other["prompt"] == "a queen"
 
 
 @pytest.fixture(scope="module")
