@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl.evaluation.target import resolve_target
 from lmctl.prediction.generate import Generation
-from lmctl.prediction.inputs import read_records, read_texts
+from lmctl.prediction.inputs import input_path, read_records, read_texts
 from lmctl.storage.paths import is_remote
 
 if TYPE_CHECKING:
@@ -40,6 +40,8 @@ def predict(
     from lmctl.prediction.load import load_model, load_tokenizer
     from lmctl.prediction.show import show
 
+    if input_file is not None:
+        input_path(input_file)  # a missing file answers before a remote PATH is fetched
     target = resolve_target(path, task)
     objective = target.objective.name
     kind = KINDS[objective]

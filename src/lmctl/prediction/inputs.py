@@ -33,7 +33,7 @@ def read_texts(prompts: list[str], input_file: str | None) -> list[Item]:
             raise ConfigError(f"--prompt {number} is empty", "give a text for the model to work on")
         items.append(Item(_prompt_name(number, len(prompts)), text=prompt))
     if input_file is not None:
-        path = _input_path(input_file)
+        path = input_path(input_file)
         lines = _read_lines(path)
         items += [
             Item(f"{input_file} line {number}", text=line)
@@ -63,7 +63,7 @@ def read_records(prompts: list[str], input_file: str | None) -> list[Item]:
         )
         items.append(Item(where, record=record))
     if input_file is not None:
-        path = _input_path(input_file)
+        path = input_path(input_file)
         if path.suffix.lower() not in RECORD_SUFFIXES:
             raise ConfigError(
                 f"--input {input_file}: multiple choice needs records with columns, not plain text",
@@ -96,7 +96,7 @@ def _require_some(items: list[Item]) -> None:
         )
 
 
-def _input_path(input_file: str) -> Path:
+def input_path(input_file: str) -> Path:
     path = Path(input_file).expanduser()
     if not path.exists():
         raise ConfigError(
