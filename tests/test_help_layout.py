@@ -109,7 +109,17 @@ def test_panels_in_the_order_a_user_fills_them() -> None:
 def test_commands_in_workflow_order() -> None:
     text = help_text(COMMANDS, 100)
     rows = re.findall(r"^│ (\w+) ", text.split("Commands", 1)[1], flags=re.M)
-    assert rows == ["train", "prepare", "eval", "resume", "push", "config", "runs", "env"]
+    assert rows == [
+        "train",
+        "prepare",
+        "eval",
+        "predict",
+        "resume",
+        "push",
+        "config",
+        "runs",
+        "env",
+    ]
 
 
 def test_help_snapshot_is_fresh() -> None:

@@ -17,7 +17,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "lmctl"
 LAYERS: list[tuple[str, ...]] = [
     ("lmctl.__main__",),
     ("lmctl.cli",),
-    ("lmctl.engine", "lmctl.evaluation", "lmctl.publish", "lmctl.mirror", "lmctl.pipeline"),
+    (
+        "lmctl.engine",
+        "lmctl.evaluation",
+        "lmctl.prediction",
+        "lmctl.publish",
+        "lmctl.mirror",
+        "lmctl.pipeline",
+    ),
     ("lmctl.objectives", "lmctl.run"),
     ("lmctl.data", "lmctl.models"),
     ("lmctl.fastpaths",),

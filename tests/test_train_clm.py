@@ -325,6 +325,12 @@ def test_embedded_default_wiring(tmp_path: Path) -> None:
     assert payload["output_dir"].startswith("runs/clm-")
     assert "perplexity" in payload["metrics"]
     assert "embedded default" in proc.stderr
+    # It ends with a taste of the model: one continuation, on stderr (stdout is the JSON).
+    samples = [
+        line for line in proc.stderr.splitlines() if " sample: Shall I compare thee → " in line
+    ]
+    assert len(samples) == 1, proc.stderr
+    assert proc.stderr.rstrip().endswith(samples[0])
 
 
 def test_a_causal_lm_and_its_saved_tokenizer_leave_segment_ids_out(

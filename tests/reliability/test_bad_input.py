@@ -617,6 +617,32 @@ CASES = [
         2,
         "taken",
     ),
+    # predict ------------------------------------------------------------------------------
+    Case(
+        "predict-missing-path",
+        lambda c: ["predict", str(c.ws / "nothing"), "--prompt", "x"],
+        2,
+        "nothing",
+    ),
+    Case("predict-no-input", lambda c: ["predict", c.run()], 2, "--prompt"),
+    Case(
+        "predict-missing-input-file",
+        lambda c: ["predict", c.run(), "--input", str(c.ws / "gone.txt")],
+        2,
+        "gone.txt",
+    ),
+    Case(
+        "predict-blank-input-file",
+        lambda c: ["predict", c.run(), "--input", c.file("blank.txt", "\n \n")],
+        3,
+        "blank.txt",
+    ),
+    Case(
+        "predict-truncated-final-model-of-run",
+        lambda c: ["predict", _run_truncated_final(c), "--prompt", "x"],
+        5,
+        "model.safetensors",
+    ),
     Case("resume-missing-dir", lambda c: ["resume", str(c.ws / "norun")], 2, "norun"),
     Case("resume-non-run-dir", lambda c: ["resume", _non_run_dir(c)], 2, "project"),
     Case(
@@ -711,7 +737,7 @@ READER_CASES = {"push-no-permission", "train-push-to-no-permission"}
 
 
 def test_the_table_is_broad() -> None:
-    commands = {"clm", "mlm", "plm", "swag", "prepare", "eval", "resume", "push"}
+    commands = {"clm", "mlm", "plm", "swag", "prepare", "eval", "predict", "resume", "push"}
     covered = {word for case in CASES for word in case.id.split("-")} | {
         "clm" for case in CASES if case.id.startswith(("config", "flag", "output", "contradictory"))
     }

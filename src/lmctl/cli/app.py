@@ -1,7 +1,7 @@
 """The ``lmctl`` root command: wiring only. Each command group lives in its own module.
 
-Commands are listed in the order of a workflow: train, prepare, eval, resume, push, then the
-helpers that look at configs, runs and the environment.
+Commands are listed in the order of a workflow: train, prepare, eval, predict, resume, push,
+then the helpers that look at configs, runs and the environment.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from lmctl import __version__
 from lmctl.cli import config as config_cmd
 from lmctl.cli import env as env_cmd
 from lmctl.cli import eval as eval_cmd
-from lmctl.cli import prepare, push, resume, runs, train
+from lmctl.cli import predict, prepare, push, resume, runs, train
 from lmctl.cli.help import OptionDoc, add_command, add_group, set_group_options
 
 ROOT_HELP = """Train, fine-tune, evaluate, resume and publish transformer language models.
@@ -36,6 +36,7 @@ app, ROOT = add_group(
 train.register(app, ROOT)
 prepare.register(app, ROOT)
 eval_cmd.register(app, ROOT)
+predict.register(app, ROOT)
 resume.register(app, ROOT)
 add_command(
     app, ROOT, "push", push.push_command, "Publish a run or model to the Hub or an object store."

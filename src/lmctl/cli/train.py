@@ -30,6 +30,10 @@ SOURCE_KEYS = (
     "validation_file",
 )
 
+#: The prompt of the one continuation that the embedded default run of an objective ends with
+#: (lmctl predict shows more).
+SAMPLE_PROMPTS = {"clm": "Shall I compare thee"}
+
 EXAMPLES = {
     "clm": """
 Train a tiny GPT-2 on the bundled Shakespeare corpus (no model, no data needed):
@@ -207,6 +211,11 @@ def run_train(
             f"lmctl train {name}: {result['output_dir']}",
             headline(result["metrics"], result["output_dir"]),
         )
+        if name in SAMPLE_PROMPTS and runs_embedded_default(name, cli_values, config_file):
+            from lmctl.prediction import sample_line
+
+            # A taste of the tiny model; it says a warning instead of failing the run.
+            sample_line(result["output_dir"], SAMPLE_PROMPTS[name], console)
     return result
 
 
@@ -222,7 +231,7 @@ def resolve_train_config(
     file_keys = set(read_config_file(config_file, objective.config_class)) if config_file else set()
     defaults: dict[str, Any] = {}
     embedded = objective.embedded_default()
-    if embedded and not any(key in cli_values or key in file_keys for key in SOURCE_KEYS):
+    if embedded and _names_no_source(cli_values, file_keys):
         defaults = embedded
     config = build_config(
         objective.config_class,
@@ -239,6 +248,21 @@ def resolve_train_config(
         # lmctl.yaml names the original's directory).
         config = config.model_copy(update={"output_dir": str(owner)})
     return with_output_dir(config)
+
+
+def _names_no_source(cli_values: dict[str, Any], file_keys: set[str]) -> bool:
+    """Neither the flags nor the config file name a model or data: the embedded default."""
+    return not any(key in cli_values or key in file_keys for key in SOURCE_KEYS)
+
+
+def runs_embedded_default(name: str, cli_values: dict[str, Any], config_file: str | None) -> bool:
+    from lmctl.config.loader import read_config_file
+
+    objective = get_objective(name)
+    if objective.embedded_default() is None:
+        return False
+    file_keys = set(read_config_file(config_file, objective.config_class)) if config_file else set()
+    return _names_no_source(cli_values, file_keys)
 
 
 def embedded_default_line(config: Any, defaults: dict[str, Any], given_keys: set[str]) -> str:
