@@ -38,7 +38,7 @@ def test_percentiles_histogram_and_cut() -> None:
         12,
     )
     bins = measure.histogram(lengths, bins=4)
-    assert [item["count"] for item in bins] == [2, 4, 4]  # widths of 4: 0-3, 4-7, 8-11, 12
+    assert [item["count"] for item in bins] == [1, 4, 4, 1]  # 0-3, 4-7, 8-11, 12
     assert sum(item["count"] for item in measure.histogram(lengths)) == len(lengths)
     cut = measure.cut(lengths, 8)
     assert (cut["samples_cut"], cut["tokens_cut"]) == (4, 10)
@@ -50,7 +50,8 @@ def test_padding_in_order_and_grouped() -> None:
     lengths = [1, 10] * 50
     padding = measure.padding(lengths, 2, seed=0)
     assert padding["padding_share"] == pytest.approx(9 * 50 / (20 * 50))
-    assert padding["padding_share_grouped"] < 0.05  # sorted mega-batches pair equal lengths
+    # The sampler's mega-batches (12 batches for 100 samples) are sorted: few mixed pairs.
+    assert padding["padding_share_grouped"] < 0.1
 
 
 def test_blank_and_duplicate_lines() -> None:
@@ -86,8 +87,8 @@ def test_mlm_line_by_line_lengths_and_cut(tmp_path: Path, wordpiece_tokenizer: P
     assert cut["samples_cut_share"] == pytest.approx(0.4)
     assert cut["tokens_cut"] == 1 + 2 + 3 + 4
     assert cut["tokens_cut_share"] == pytest.approx(10 / sum(lengths), abs=1e-6)
-    # In order, pairs (3,4) (5,6) (7,8) (8,8) (8,8) after the cut at 8: 3 padded of 40.
-    assert split["padding"]["padding_share"] == pytest.approx(3 / 40, abs=1e-6)
+    # In order, pairs (3,4) (5,6) (7,8) (8,8) (8,8) after the cut at 8: 3 padded of 68.
+    assert split["padding"]["padding_share"] == pytest.approx(3 / 68, abs=1e-6)
     assert result["warnings"] == []
 
 
@@ -148,8 +149,9 @@ def test_swag_label_balance(tmp_path: Path, wordpiece_tokenizer: Path) -> None:
 
 
 @pytest.mark.e2e
-def test_json_is_one_object_and_plain_output(tmp_path: Path, text_files: tuple[Path, Path],
-                                             bpe_tokenizer: Path) -> None:
+def test_json_is_one_object_and_plain_output(
+    tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path
+) -> None:
     train, valid = text_files
     args = ["clm", "--train-file", train, "--validation-file", valid]
     args += ["--tokenizer-name", bpe_tokenizer, "--block-size", "64", "--sample", "100"]
@@ -173,7 +175,9 @@ def test_json_is_one_object_and_plain_output(tmp_path: Path, text_files: tuple[P
 @pytest.mark.skipif(
     importlib.util.find_spec("matplotlib") is None, reason="matplotlib (the plot extra) is absent"
 )
-def test_plot_writes_png(tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path) -> None:
+def test_plot_writes_png(
+    tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path
+) -> None:
     plot = tmp_path / "lengths.png"
     args = ["clm", "--train-file", text_files[0], "--tokenizer-name", bpe_tokenizer]
     result = _inspect_json(*args, "--sample", "200", "--plot", plot)
@@ -194,4 +198,4 @@ def test_errors_are_clean(tmp_path: Path, bpe_tokenizer: Path) -> None:
     train = tmp_path / "a.txt"
     train.write_text("hello\n", encoding="utf-8")
     no_tokenizer = lmctl("data", "inspect", "clm", "--train-file", train)
-    assert_clean_failure(no_tokenizer, 2, "no tokenizer")
+    assert_clean_failure(no_tokenizer, 2, "needs a tokenizer")

@@ -112,9 +112,7 @@ def run_inspect(
 
 
 def register(app: typer.Typer, parent: CommandDoc) -> None:
-    group, doc = add_group(
-        app, parent, "data", "Look at training data before training on it."
-    )
+    group, doc = add_group(app, parent, "data", "Look at training data before training on it.")
     inspect_group, inspect_doc = add_group(
         group,
         doc,

@@ -3,8 +3,8 @@
 Percentiles are nearest-rank (the smallest length that at least p% of the samples do not
 exceed). Padding waste is the share of padded positions when the samples are batched in
 their order, and when they are ordered by the project's length-grouped sampler
-(:class:`lmctl.data.batching.LengthGroupedSampler`: shuffled, cut into mega-batches of 50
-batches, each sorted by length) with the run's seed.
+(:class:`lmctl.data.batching.LengthGroupedSampler`: shuffled, cut into mega-batches of up to
+50 batches, fewer for a small sample, each sorted by length) with the run's seed.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 BATCH = 1000
 HISTOGRAM_BINS = 10
 TOP_UNKNOWN = 10
+GROUPING = (
+    "the length-grouped sampler: shuffled, mega-batches of up to 50 batches (fewer for a "
+    "small sample) each sorted by length"
+)
 
 
 def percentile(ordered: list[int], p: float) -> int:
@@ -131,7 +135,7 @@ def padding(
         "batch_size": batch_size,
         "padding_share": _padded_share(lengths, filled, sequences, in_order, batch_size),
         "padding_share_grouped": _padded_share(lengths, filled, sequences, grouped, batch_size),
-        "grouping": "the length-grouped sampler (mega-batches of 50 batches sorted by length)",
+        "grouping": GROUPING,
     }
 
 

@@ -201,9 +201,7 @@ def _swag_split(
     ]
     tokenized = measure.tokenize_texts(tokenizer, firsts, seconds)
     choices = tokenized.lengths
-    per_record = [
-        max(choices[i : i + len(endings)]) for i in range(0, len(choices), len(endings))
-    ]
+    per_record = [max(choices[i : i + len(endings)]) for i in range(0, len(choices), len(endings))]
     labels: Counter[Any] = Counter()
     for row in rows:
         value = label_value(row.get(options.label_column), len(endings))
@@ -250,11 +248,18 @@ def _findings(report: dict[str, Any], flag: str, grouped: bool) -> list[str]:
             "tokenizer does not cover this text; use another --tokenizer-name or train one "
             "with --train-tokenizer"
         )
-    share = report["cut"]["tokens_cut_share"]
-    if share > CUT_LIMIT:
-        fix = "--block-size" if flag == "--block-size" else "--max-seq-length"
-        found.append(f"{share:.1%} of the tokens are cut at {flag} {report['cut']['limit']}; "
-                     f"raise {fix}" + (" (or use fewer, longer texts)" if grouped else ""))
+    cut = report["cut"]
+    share = cut["tokens_cut_share"]
+    if share > CUT_LIMIT and grouped:
+        found.append(
+            f"{share:.1%} of the tokens are dropped: the texts make only {cut['blocks']} "
+            f"full blocks of {cut['limit']} tokens; lower {flag} (or give more data)"
+        )
+    elif share > CUT_LIMIT:
+        found.append(
+            f"{share:.1%} of the tokens are cut at {flag} {cut['limit']}: the model never "
+            f"sees them; raise {flag}"
+        )
     for label in report.get("missing_labels", []):
         found.append(
             f"label {label} never appears in the {report['lines_read']} records read: the "
@@ -267,11 +272,11 @@ def _check_plot(plot: str) -> None:
     import importlib.util
 
     if not plot.lower().endswith(".png"):
-        raise ConfigError(f"--plot {plot}: the histogram is written as PNG", "e.g. --plot lengths.png")
-    if importlib.util.find_spec("matplotlib") is None:
         raise ConfigError(
-            "--plot needs matplotlib, which is not installed", install_hint("plot")
+            f"--plot {plot}: the histogram is written as PNG", "e.g. --plot lengths.png"
         )
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("--plot needs matplotlib, which is not installed", install_hint("plot"))
     folder = Path(plot).expanduser().resolve().parent
     if not folder.is_dir():
         raise ConfigError(f"--plot {plot}: no folder {folder}", "create it or choose another path")

@@ -108,9 +108,7 @@ def _stream_head(
     return records[:limit], complete
 
 
-def read_heads(
-    data: DataSpec, access: Access, limit: int, *, records: bool
-) -> list[Head]:
+def read_heads(data: DataSpec, access: Access, limit: int, *, records: bool) -> list[Head]:
     """The head of the train and validation splits the data names. ``records``: keep whole
     records (multiple choice) rather than the text column."""
     files = {"train": data.train_file, "validation": data.validation_file}
