@@ -26,20 +26,21 @@ DEFAULT_SAMPLE = 20000
 
 EXAMPLES = """
 Read the first {sample} lines of each split (the default sample) and report lengths, cuts,
-padding, unknown tokens, blank and duplicate lines:
+padding, unknown tokens, {counts}:
 
     lmctl data inspect {name} --train-file corpus.txt --tokenizer-name ./tok{flags}
 
-A larger sample, as one JSON object, with a histogram of tokens per sample:
+The data of a training config, a larger sample, as one JSON object, with a histogram of
+tokens per sample:
 
-    lmctl data inspect {name} --train-file corpus.txt --tokenizer-name ./tok \\
-        --sample 100000 --json --plot lengths.png
+    lmctl data inspect {name} --config run.yaml --sample 100000 --json \\
+        --plot lengths.png
 
 Findings that would spoil training are warnings naming the flag that fixes them: more than
 5% unknown tokens, more than half the tokens cut{swag}.
 """
 FLAGS = {
-    "clm": " --block-size 512",
+    "clm": " \\\n        --block-size 512",
     "mlm": " \\\n        --line-by-line --max-seq-length 128",
     "plm": " \\\n        --line-by-line --max-seq-length 128",
     "swag": " \\\n        --max-seq-length 128",
@@ -75,7 +76,12 @@ def _inspected(name: str, info: FieldInfo) -> bool:
 
 def _make_command(name: str) -> Any:
     swag = " or a label that never appears" if name == "swag" else ""
-    examples = EXAMPLES.format(name=name, sample=DEFAULT_SAMPLE, flags=FLAGS[name], swag=swag)
+    counts = (
+        "endings, labels and context lengths" if name == "swag" else "blank and duplicate lines"
+    )
+    examples = EXAMPLES.format(
+        name=name, sample=DEFAULT_SAMPLE, flags=FLAGS[name], swag=swag, counts=counts
+    )
     if name == "swag":
         examples = examples.replace("corpus.txt", "train.csv").replace("lines", "records")
     doc = f"Inspect {name} data ({get_objective(name).summary}).\n\n{examples}"
