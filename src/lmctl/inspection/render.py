@@ -22,7 +22,7 @@ def split_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [
         ("source", str(report["source"])),
         ("read", report["read"]),
-        (f"samples ({unit}s)", str(report["samples"])),
+        ("samples" if unit == "sample" else f"samples ({unit}s)", str(report["samples"])),
         ("tokens", str(report["tokens"])),
         (
             f"tokens per {unit}",
