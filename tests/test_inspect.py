@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lmctl.inspection import measure
-from tests.conftest import assert_clean_failure, lmctl
+from tests.conftest import assert_clean_failure, lmctl, without_packages
 
 
 def _single_token_words(tokenizer_path: Path, words: list[str]) -> None:
@@ -199,3 +199,16 @@ def test_errors_are_clean(tmp_path: Path, bpe_tokenizer: Path) -> None:
     train.write_text("hello\n", encoding="utf-8")
     no_tokenizer = lmctl("data", "inspect", "clm", "--train-file", train)
     assert_clean_failure(no_tokenizer, 2, "needs a tokenizer")
+
+
+@pytest.mark.e2e
+def test_plot_without_matplotlib_names_the_extra(tmp_path: Path, bpe_tokenizer: Path) -> None:
+    train = tmp_path / "a.txt"
+    train.write_text("hello there\n", encoding="utf-8")
+    proc = lmctl(
+        "data", "inspect", "clm", "--train-file", train, "--tokenizer-name", bpe_tokenizer,
+        "--plot", tmp_path / "h.png",
+        env=without_packages(tmp_path, "matplotlib"),
+    )  # fmt: skip
+    assert_clean_failure(proc, 2, "matplotlib", "pip install 'lmctl-train[plot]'")
+    assert not (tmp_path / "h.png").exists()

@@ -53,6 +53,11 @@ def inspect_data(
     spec = slice_config(config, objective.options_class)
     records = name == "swag"
     heads = read_heads(spec.data, spec.access, sample, records=records)
+    if spec.data.validation_file is None and spec.data.dataset_name is None:
+        console.info(
+            "validation: held out from the training data (--validation-split-percentage); "
+            "the train sample stands for it"
+        )
     tokenizer, model_config = _tokenizer(spec, objective, heads, console)
     from lmctl.objectives.common import resolve_sequence_length
 
