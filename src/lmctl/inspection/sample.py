@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl.data.load import BUILDERS, choose_column
 from lmctl.errors import DataError
+from lmctl.storage import hub
 from lmctl.storage.paths import data_extension, is_remote, local_path
 
 if TYPE_CHECKING:
@@ -73,6 +74,10 @@ def _stream_head(
     has no such split)."""
     import datasets
 
+    name = data.dataset_name
+    remote_name = path is None and name is not None and not local_path(name).exists()
+    if remote_name and not hub.offline_mode():
+        hub.require_hub(f"--dataset-name {name}")
     try:
         if path is not None:
             builder = BUILDERS[data_extension(path)]
@@ -100,6 +105,8 @@ def _stream_head(
         raise
     except Exception as exc:
         where = path or f"--dataset-name {data.dataset_name}"
+        if path is None and hub.is_connection_error(exc):
+            raise hub.unreachable(where) from exc
         raise DataError(
             f"{where}: could not be read ({type(exc).__name__}: {str(exc).splitlines()[0]})",
             "check the file, or the dataset name and that the Hub is reachable",
