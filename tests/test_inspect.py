@@ -212,3 +212,31 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path: Path, bpe_tokenizer: 
     )  # fmt: skip
     assert_clean_failure(proc, 2, "matplotlib", "pip install 'lmctl-train[plot]'")
     assert not (tmp_path / "h.png").exists()
+
+
+@pytest.mark.e2e
+def test_warnings_name_the_length_flag(tmp_path: Path, wordpiece_tokenizer: Path) -> None:
+    _single_token_words(wordpiece_tokenizer, ["the"])
+    lines = [" ".join(["the"] * k) for k in range(1, 11)]
+    train = tmp_path / "train.txt"
+    train.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    common = ["--train-file", train, "--tokenizer-name", wordpiece_tokenizer]
+    # 3..12 tokens per line; cut at 4: 36 of 75 tokens (48%), no warning.
+    result = _inspect_json("mlm", *common, "--line-by-line", "--max-seq-length", "4")
+    assert result["warnings"] == []
+    # Cut at 3: 0 + 1 + ... + 9 = 45 of 75 tokens (60%).
+    result = _inspect_json("mlm", *common, "--line-by-line", "--max-seq-length", "3")
+    assert result["splits"]["train"]["cut"]["tokens_cut"] == 45  # type: ignore[index]
+    assert any("--max-seq-length 3" in w and "raise" in w for w in result["warnings"])
+    # Grouped into blocks of 64: one block, 11 of 75 tokens dropped; of 100: no block.
+    result = _inspect_json("mlm", *common, "--max-seq-length", "64")
+    assert result["splits"]["train"]["cut"]["blocks"] == 1  # type: ignore[index]
+    assert result["warnings"] == []
+    result = _inspect_json("clm", *common, "--block-size", "100")
+    assert result["splits"]["train"]["cut"]["blocks"] == 0  # type: ignore[index]
+    assert any("lower --block-size" in w for w in result["warnings"])
+    proc = lmctl(
+        "data", "inspect", "clm", "--dataset-name", "no-such/dataset", "--tokenizer-name",
+        wordpiece_tokenizer, env={"HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert_clean_failure(proc, 6, "--dataset-name no-such/dataset")
