@@ -54,6 +54,21 @@ def test_padding_in_order_and_grouped() -> None:
     assert padding["padding_share_grouped"] < 0.1
 
 
+def test_text_head_reads_a_bounded_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmctl.inspection import sample
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(f"line {i:04d}\n" for i in range(1000)), encoding="utf-8")
+    lines, complete, estimate = sample.read_text_head(str(corpus), 100, "--train-file")
+    assert lines[:2] == ["line 0000", "line 0001"] and len(lines) == 100
+    assert (complete, estimate) == (False, 1000)
+    lines, complete, estimate = sample.read_text_head(str(corpus), 5000, "--train-file")
+    assert (len(lines), complete, estimate) == (1000, True, 1000)
+    monkeypatch.setattr(sample, "MAX_HEAD_BYTES", 25)  # 2 lines of 10 bytes and 5 bytes
+    lines, complete, _ = sample.read_text_head(str(corpus), 100, "--train-file")
+    assert lines == ["line 0000", "line 0001", "line "] and not complete
+
+
 def test_blank_and_duplicate_lines() -> None:
     counts = measure.line_counts(["a", "", "b", "a", "  ", "a"])
     assert counts == {"blank_lines": 2, "duplicate_lines": 2}

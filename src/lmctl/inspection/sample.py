@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from lmctl.config.slices import Access, DataSpec
 
 
+#: The most bytes read from the start of a text file, whatever ``--sample`` says.
+MAX_HEAD_BYTES = 256 << 20
+
+
 @dataclass
 class Head:
     """The records read from the start of one split."""
@@ -47,20 +51,24 @@ class Head:
         return f"first {self.read} {unit}"
 
 
-def read_text_head(path: str, limit: int) -> tuple[list[str], bool, int | None]:
+def read_text_head(path: str, limit: int, flag: str) -> tuple[list[str], bool, int | None]:
     """The first ``limit`` lines of a text file, whether they are all of it, and an estimate
     of its line count from the bytes they took."""
     file = local_path(path)
     if not file.is_file():
-        raise DataError(f"{path}: no such file", "check the path given to --train-file")
+        raise DataError(f"{flag} {path}: no such file", f"check the path given to {flag}")
     size = os.path.getsize(file)
     lines: list[str] = []
     taken = 0
     with open(file, "rb") as stream:
-        for raw in islice(stream, limit):
+        # Bounded in bytes too: a file of few, huge lines is never read whole.
+        while len(lines) < limit and taken < MAX_HEAD_BYTES:
+            raw = stream.readline(MAX_HEAD_BYTES - taken)
+            if not raw:
+                break
             taken += len(raw)
             lines.append(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
-        complete = len(lines) < limit or stream.read(1) == b""
+        complete = stream.read(1) == b""
     estimate = None
     if not complete and taken:
         estimate = round(size / (taken / len(lines)))
@@ -133,7 +141,9 @@ def read_heads(data: DataSpec, access: Access, limit: int, *, records: bool) -> 
                     "give a csv, json, jsonl or parquet file with the context, ending and "
                     "label columns",
                 )
-            head.texts, head.complete, head.estimated_total = read_text_head(path, limit)
+            head.texts, head.complete, head.estimated_total = read_text_head(
+                path, limit, f"--{split}-file"
+            )
         else:
             found = _stream_head(data, access, split, path, limit)
             if found is None:
