@@ -156,7 +156,7 @@ def _text_split(
     lengths = tokenized.lengths
     report: dict[str, Any] = {
         "source": head.where,
-        "read": head.describe("lines" if head.estimated_total or head.complete else "records"),
+        "read": head.describe(),
         "lines_read": head.read,
         "complete": head.complete,
         "estimated_lines": head.estimated_total,
@@ -218,7 +218,7 @@ def _swag_split(
     cut_choices = [min(value, length) for value in choices]
     return {
         "source": head.where,
-        "read": head.describe("records"),
+        "read": head.describe(),
         "lines_read": head.read,
         "complete": head.complete,
         "estimated_lines": head.estimated_total,

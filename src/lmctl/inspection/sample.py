@@ -38,12 +38,15 @@ class Head:
     complete: bool = False
     #: An estimate of the lines or records of the split, when one is known.
     estimated_total: int | None = None
+    #: What was counted: the lines of a text file, or records.
+    unit: str = "records"
 
     @property
     def read(self) -> int:
         return len(self.records) if self.records else len(self.texts)
 
-    def describe(self, unit: str) -> str:
+    def describe(self) -> str:
+        unit = self.unit
         if self.complete:
             return f"all {self.read} {unit}"
         if self.estimated_total is not None:
@@ -141,6 +144,7 @@ def read_heads(data: DataSpec, access: Access, limit: int, *, records: bool) -> 
                     "give a csv, json, jsonl or parquet file with the context, ending and "
                     "label columns",
                 )
+            head.unit = "lines"
             head.texts, head.complete, head.estimated_total = read_text_head(
                 path, limit, f"--{split}-file"
             )
