@@ -19,13 +19,14 @@ def _share(value: float) -> str:
 def split_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     """The (name, value) rows of one split."""
     unit = report["unit"]
+    longest = " (longest choice)" if "labels" in report else ""
     rows = [
         ("source", str(report["source"])),
         ("read", report["read"]),
         ("samples" if unit == "sample" else f"samples ({unit}s)", str(report["samples"])),
         ("tokens", str(report["tokens"])),
         (
-            f"tokens per {unit}",
+            f"tokens per {unit}{longest}",
             f"p50 {report['p50']}  p90 {report['p90']}  p99 {report['p99']}  max {report['max']}",
         ),
     ]

@@ -222,9 +222,11 @@ def _swag_split(
         "lines_read": head.read,
         "complete": head.complete,
         "estimated_lines": head.estimated_total,
-        "unit": "record (longest choice)",
+        "unit": "record",
         "endings": len(endings),
         **measure.distribution(per_record),
+        # Every choice's tokens; the distribution is of each record's longest choice.
+        "tokens": sum(choices),
         "histogram": measure.histogram(per_record),
         "context": measure.distribution(context_lengths),
         "labels": balance,
