@@ -112,6 +112,7 @@ def test_commands_in_workflow_order() -> None:
     assert rows == [
         "train",
         "prepare",
+        "data",
         "eval",
         "predict",
         "resume",

@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "lmctl.engine",
         "lmctl.evaluation",
+        "lmctl.inspection",
         "lmctl.prediction",
         "lmctl.publish",
         "lmctl.mirror",
@@ -178,6 +179,7 @@ DOCUMENT_READERS = ("lmctl.config", "lmctl.cli")
 SLICING_FUNCTIONS = frozenset(
     {
         ("lmctl.engine", "train"),
+        ("lmctl.inspection.report", "inspect_data"),
         ("lmctl.run.rundir", "write_config"),
     }
 )

@@ -1,7 +1,7 @@
 """The ``lmctl`` root command: wiring only. Each command group lives in its own module.
 
-Commands are listed in the order of a workflow: train, prepare, eval, predict, resume, push,
-then the helpers that look at configs, runs and the environment.
+Commands are listed in the order of a workflow: train, prepare, data, eval, predict, resume,
+push, then the helpers that look at configs, runs and the environment.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import typer
 
 from lmctl import __version__
 from lmctl.cli import config as config_cmd
+from lmctl.cli import data as data_cmd
 from lmctl.cli import env as env_cmd
 from lmctl.cli import eval as eval_cmd
 from lmctl.cli import predict, prepare, push, resume, runs, train
@@ -35,6 +36,7 @@ app, ROOT = add_group(
 
 train.register(app, ROOT)
 prepare.register(app, ROOT)
+data_cmd.register(app, ROOT)
 eval_cmd.register(app, ROOT)
 predict.register(app, ROOT)
 resume.register(app, ROOT)

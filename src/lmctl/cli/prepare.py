@@ -33,7 +33,7 @@ With the config file the training run will use (same cache key, training options
 """
 
 
-def _decides_data(name: str, info: FieldInfo) -> bool:
+def decides_data(name: str, info: FieldInfo) -> bool:
     if name in EXTRA_FIELDS:
         return True
     return field_extra(info).get("panel") in PANELS and name not in SKIPPED_FIELDS
@@ -44,7 +44,7 @@ def _make_command(name: str) -> Any:
         f"Prepare {name} training data ({get_objective(name).summary}).\n\n"
         f"{EXAMPLES.format(name=name)}"
     )
-    return objective_command(name, "prepare", run_prepare, doc, include=_decides_data)
+    return objective_command(name, "prepare", run_prepare, doc, include=decides_data)
 
 
 def run_prepare(

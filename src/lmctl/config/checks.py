@@ -45,6 +45,9 @@ from lmctl.storage.paths import (
     url_scheme,
 )
 
+#: Commands that read data without a model (``lmctl prepare``, ``lmctl data inspect``).
+DATA_ONLY_COMMANDS = ("prepare", "inspect")
+
 _OVERRIDE_ITEM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=[^,=]*$")
 
 
@@ -79,7 +82,7 @@ def check_model(model: ModelSpec, tokenizer: TokenizerSpec, problems: Problems) 
     # Said now, not after the libraries that would load the model are imported (seconds).
     if looks_like_path(name) and not is_remote(name) and not local_path(name).exists():
         problems.add(f"--model-name-or-path {name}: no such directory", "check the path")
-    preparing = problems.command == "prepare"
+    preparing = problems.command in DATA_ONLY_COMMANDS
     if not model.given and not preparing:
         problems.add(
             "no model: give --model-name-or-path, --config-name or --model-type",
@@ -168,7 +171,12 @@ def check_streaming(data: DataSpec, loop: LoopSpec, problems: Problems) -> None:
             "lmctl prepare fills the cache that non-streaming runs read; it does not stream",
             "drop 'streaming' from the config",
         )
-    elif data.streaming and loop.do_train and loop.max_steps is None:
+    elif (
+        data.streaming
+        and loop.do_train
+        and loop.max_steps is None
+        and problems.command != "inspect"
+    ):
         problems.add(
             "--streaming needs --max-steps: a stream has no length to count epochs in",
             "give the number of optimizer steps, e.g. --max-steps 10000",
@@ -296,7 +304,7 @@ def check_adapter(
             problems.add("--merge-adapter needs --peft lora", "add --peft lora")
         return
     require_package(problems, "peft", "--peft")
-    if model.model_name_or_path is None and problems.command != "prepare":
+    if model.model_name_or_path is None and problems.command not in DATA_ONLY_COMMANDS:
         problems.add(
             "--peft lora adapts a pretrained model",
             "give --model-name-or-path, or train every weight (drop --peft)",
