@@ -315,10 +315,12 @@ class FitCheck:
         }
 
     def lines(self) -> str:
+        """The table as YAML comments, so that a dry run's output stays a config file."""
         rows = [(k, v) for k, v in self.table().items() if k != "parameters"]
-        text = f"memory per process ({self.size.parameters / 1e6:.1f}M parameters):\n"
-        text += "\n".join(f"  {name:<12} {format_bytes(value):>11}" for name, value in rows)
-        return text + f"\n  ({self.free_source})\n"
+        verdict = "fits" if self.fits else "does NOT fit"
+        text = f"# memory per process ({self.size.parameters / 1e6:.1f}M parameters), {verdict}\n"
+        text += "".join(f"#   {name:<12} {format_bytes(value):>11}\n" for name, value in rows)
+        return text + f"#   (free: {self.free_source})\n"
 
 
 def run_shape(
