@@ -33,7 +33,7 @@ SHAPES = [
     ("mlm bf16", "mlm", "bf16", False),
     ("mlm bf16, checkpointing", "mlm", "bf16", True),
 ]
-LAYERS, HIDDEN, HEADS, VOCAB, LENGTH, BATCH = 6, 384, 6, 8000, 256, 8
+LAYERS, HIDDEN, HEADS, VOCAB, LENGTH, BATCH = 4, 256, 4, 8000, 256, 8
 
 ALLOCATOR = {
     "MALLOC_ARENA_MAX": "1",
@@ -106,6 +106,7 @@ def child(objective: str, precision: str | None, checkpointing: bool, steps: int
         layers=LAYERS,
         hidden=HIDDEN,
         vocab=VOCAB,
+        heads=HEADS,
     )
     shape = Shape(batch=BATCH, length=LENGTH, precision=precision, checkpointing=checkpointing)
     e = estimate(size, shape)
@@ -120,7 +121,7 @@ def child(objective: str, precision: str | None, checkpointing: bool, steps: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()

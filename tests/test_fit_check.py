@@ -25,7 +25,7 @@ from tests.conftest import assert_clean_failure, lmctl, tiny_clm_args
 #: About 20 billion parameters of GPT-2.
 HUGE_GPT2 = ["--model-type", "gpt2", "--config-overrides", "n_layer=48,n_embd=6144,n_head=48"]
 
-SIZE = ModelSize(parameters=100_000_000, layers=12, hidden=768, vocab=50_000)
+SIZE = ModelSize(parameters=100_000_000, layers=12, hidden=768, vocab=50_000, heads=12)
 SHAPE = Shape(batch=8, length=512)
 
 
@@ -80,10 +80,10 @@ def test_checkpointing_stores_less_activation_memory() -> None:
     assert checkpointed.weights == plain.weights
 
 
-def test_activations_grow_with_batch_and_length_and_halve_in_bf16_blocks() -> None:
+def test_activations_grow_with_batch_and_faster_with_length_and_shrink_in_bf16() -> None:
     base = estimate(SIZE, SHAPE).activations
     assert estimate(SIZE, replace(SHAPE, batch=16)).activations == 2 * base
-    assert estimate(SIZE, replace(SHAPE, length=1024)).activations == 2 * base
+    assert estimate(SIZE, replace(SHAPE, length=1024)).activations > 2 * base  # scores: s²
     assert estimate(SIZE, replace(SHAPE, precision="bf16")).activations < base
 
 

@@ -189,7 +189,8 @@ def run_train(
         from lmctl.config.loader import dump_config
 
         resolved = {"objective": name, **dump_config(config, masked=True)}
-        memory = fit_check(config, name)
+        # The estimate (with --no-fit-check, none: no torch and transformers to import).
+        memory = fit_check(config, name) if config.fit_check else None
         if not console.options.json:
             import yaml
 

@@ -5,7 +5,7 @@ The parameters are counted by building the model on the ``meta`` device (no memo
 weights read); a config that cannot be read offline (a Hub model not in the cache, a storage
 URL) skips the check. With ``P`` parameters, ``T`` of them trained (``T = P``, or LoRA's
 adapters: ``4·r·h`` per layer, two adapted projections of ``h`` inputs and outputs each), ``N``
-processes, and ``e`` bytes per activation element (4 in fp32, 2 in bf16/fp16)::
+processes::
 
     weights      4·P           fp32 weights; mixed precision adds 2·P for the half-precision
                                copies that autocast keeps during the forward pass
@@ -13,21 +13,31 @@ processes, and ``e`` bytes per activation element (4 in fp32, 2 in bf16/fp16)::
     gradients    4·T           (2·T under DeepSpeed with bf16/fp16)
     optimizer    8·T           AdamW's two fp32 states (+ 4·T fp32 master weights under
                                DeepSpeed with bf16/fp16)
-    activations  L·b·s·h·e·K   every transformer block's saved tensors (K = BLOCK_COEFFICIENT)
-               + b·s·V·4·C     the logits in fp32 for the loss (C = LOGITS_COPIES)
+    activations  L·(b·s·h·B    every transformer block's saved tensors (B = BLOCK_BYTES)
+                 + b·a·s²·S)   and its attention scores (S = SCORE_BYTES)
+               + b·s·V·G       the logits and their fp32 copies for the loss (G = LOGITS_BYTES)
 
 ZeRO divides by ``N``: stage 1 the optimizer state, stage 2 also the gradients, stage 3 also
 the weights; FSDP's full sharding divides all three (``grad-op``: gradients and optimizer).
-Gradient checkpointing keeps only each block's input (``L·b·s·h·e``) plus one block's worth
-recomputed in the backward pass (``b·s·h·e·K``). ``b`` is the per-device batch (times the
-choices of a multiple-choice sample), ``s`` the sequence length (the objective's flag, else
-the model's positions capped at 1024), ``L`` layers, ``h`` hidden size, ``V`` the vocabulary.
+Gradient checkpointing keeps only each block's input (``L·b·s·h·4``, the residual stream
+stays fp32 under autocast) plus one block's worth recomputed in the backward pass. ``b`` is
+the per-device batch (times the choices of a multiple-choice sample), ``s`` the sequence
+length (the objective's flag, else the model's positions capped at 1024), ``L`` layers, ``h``
+hidden size, ``a`` attention heads, ``V`` the vocabulary.
 
-The coefficients come from counting the tensors a GPT-2/BERT block saves for the backward
-pass (attention's input, q/k/v, output and its projection, two layer norms, the MLP's 4·h
-input and activation, dropout masks) and were checked against measured peaks
-(``benchmarks/fit.py``, ``docs/benchmarks.md``). The estimate leaves out the runtime's own
-memory (CUDA context, libraries) and the data; it is meant to catch runs that are far too large.
+The coefficients, in bytes: a block saves for the backward pass its attention input, q, k, v,
+the attention output and its projection, two layer norms, the MLP's 4·h input and
+activation (GPT-2's tanh GELU saves several 4·h intermediates), dropout masks: about 30
+values per hidden unit, ``B = 120`` bytes in fp32; under bf16/fp16 autocast the matmul
+outputs are half precision but layer norms and the residual stream stay fp32, ``B = 88``.
+The attention scores, their softmax and dropout (fp32 under autocast too): ``S = 13``; a
+fused attention kernel without dropout (e.g. evaluation, or dropout 0) saves none of them, so
+this term is an upper bound there. The logits (``V`` per token), their fp32 copy and the
+log-softmax of the loss: ``G = 10``. They were fitted to the peaks measured by
+``benchmarks/fit.py`` on six shapes (GPT-2 and BERT, fp32 and bf16, with and without
+checkpointing; ``docs/benchmarks.md`` has the table). The estimate leaves out the runtime's
+own memory (CUDA context, libraries) and the data; it is meant to catch runs that are far
+too large, not to plan the last hundred megabytes.
 
 Free memory: the GPU's free memory (``torch.cuda.mem_get_info``), else the host's available
 memory; ``LMCTL_FREE_MEMORY`` (bytes, or with a unit: ``2GiB``, ``500MB``) overrides it.
@@ -56,10 +66,12 @@ if TYPE_CHECKING:
     )
     from lmctl.models.config import ModelObjective
 
-#: Bytes per block, per (batch row x position x hidden unit x activation byte).
-BLOCK_COEFFICIENT = 17.0
-#: fp32 copies of the logits alive at the loss (the logits, their log-softmax, its gradient).
-LOGITS_COPIES = 2.0
+#: Bytes a transformer block saves per token and hidden unit: in fp32, and under autocast.
+BLOCK_BYTES = {"fp32": 120, "mixed": 88}
+#: Bytes per token, head and attended position: the attention scores, softmax and dropout.
+SCORE_BYTES = 13
+#: Bytes per token and vocabulary entry: the logits, their fp32 copy and log-softmax.
+LOGITS_BYTES = 10
 #: Environment variable that replaces the measured free memory (bytes, or with a unit).
 FREE_MEMORY_ENV = "LMCTL_FREE_MEMORY"
 #: The sequence length assumed when the objective's flag leaves it to the tokenizer.
@@ -91,6 +103,7 @@ class ModelSize:
     layers: int
     hidden: int
     vocab: int
+    heads: int = 1
 
 
 @dataclass(frozen=True)
@@ -135,7 +148,6 @@ def estimate(size: ModelSize, shape: Shape) -> Estimate:
     """Per-process bytes of a training step (the module's docstring has the formula)."""
     params, trained = size.parameters, trainable(size, shape)
     mixed = shape.precision is not None
-    element = 2 if mixed else 4
     if shape.zero and mixed:
         weights, gradients, optimizer = 2.0 * params, 2.0 * trained, 12.0 * trained
     else:
@@ -153,12 +165,13 @@ def estimate(size: ModelSize, shape: Shape) -> Estimate:
         if shape.fsdp != "grad-op":
             weights /= n
     tokens = shape.batch * shape.length
-    block = tokens * size.hidden * element * BLOCK_COEFFICIENT
+    block = tokens * size.hidden * BLOCK_BYTES["mixed" if mixed else "fp32"]
+    block += tokens * size.heads * shape.length * SCORE_BYTES
     if shape.checkpointing:
-        blocks = size.layers * tokens * size.hidden * element + block
+        blocks = size.layers * tokens * size.hidden * 4 + block
     else:
         blocks = size.layers * block
-    logits = tokens * size.vocab * 4 * LOGITS_COPIES
+    logits = tokens * size.vocab * LOGITS_BYTES
     return Estimate(int(weights), int(gradients), int(optimizer), int(blocks + logits))
 
 
@@ -258,7 +271,7 @@ def _cached_config(name: str, model: ModelSpec, access: Access) -> Any | None:
             revision=model.model_revision,
             trust_remote_code=access.trust_remote_code,
         )
-    except Exception:  # noqa: BLE001 - not cached, or not readable: no estimate
+    except Exception:  # not cached, or not readable: no estimate
         return None
 
 
@@ -271,7 +284,7 @@ def model_size(objective: ModelObjective, model_config: Any, access: Access) -> 
             model = objective.auto_model_class().from_config(
                 model_config, trust_remote_code=access.trust_remote_code
             )
-    except Exception:  # noqa: BLE001 - the pipeline reports an architecture it cannot build
+    except Exception:  # the pipeline reports an architecture it cannot build
         return None
     params = sum(p.numel() for p in model.parameters())
     return ModelSize(
@@ -279,6 +292,7 @@ def model_size(objective: ModelObjective, model_config: Any, access: Access) -> 
         layers=int(_first(model_config, "num_hidden_layers", "n_layer", "num_layers")),
         hidden=int(_first(model_config, "hidden_size", "n_embd", "d_model")),
         vocab=int(_first(model_config, "vocab_size")),
+        heads=max(1, _first(model_config, "num_attention_heads", "n_head")),
     )
 
 
