@@ -32,8 +32,10 @@ values per hidden unit, ``B = 120`` bytes in fp32; under bf16/fp16 autocast the 
 outputs are half precision but layer norms and the residual stream stay fp32, ``B = 88``.
 The attention scores, their softmax and dropout (fp32 under autocast too): ``S = 13``; a
 fused attention kernel without dropout (e.g. evaluation, or dropout 0) saves none of them, so
-this term is an upper bound there. The logits (``V`` per token), their fp32 copy and the
-log-softmax of the loss: ``G = 10``. They were fitted to the peaks measured by
+this term is an upper bound there. The logits (``V`` per token), their fp32 copy, the
+log-softmax of the loss and its gradient: ``G = 14`` (first counted as 2.5 fp32 copies, 10
+bytes; every measured shape was then 13-25% above the estimate, by about one more copy of
+the logits, so 3.5). They were fitted to the peaks measured by
 ``benchmarks/fit.py`` on six shapes (GPT-2 and BERT, fp32 and bf16, with and without
 checkpointing; ``docs/benchmarks.md`` has the table). The estimate leaves out the runtime's
 own memory (CUDA context, libraries) and the data; it is meant to catch runs that are far
@@ -70,8 +72,9 @@ if TYPE_CHECKING:
 BLOCK_BYTES = {"fp32": 120, "mixed": 88}
 #: Bytes per token, head and attended position: the attention scores, softmax and dropout.
 SCORE_BYTES = 13
-#: Bytes per token and vocabulary entry: the logits, their fp32 copy and log-softmax.
-LOGITS_BYTES = 10
+#: Bytes per token and vocabulary entry: the logits, their fp32 copy, the log-softmax and
+#: its gradient (3.5 fp32 copies, as measured).
+LOGITS_BYTES = 14
 #: Environment variable that replaces the measured free memory (bytes, or with a unit).
 FREE_MEMORY_ENV = "LMCTL_FREE_MEMORY"
 #: The sequence length assumed when the objective's flag leaves it to the tokenizer.
