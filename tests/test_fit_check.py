@@ -13,11 +13,14 @@ import yaml
 
 from lmctl.errors import ConfigError
 from lmctl.run.fit import (
+    FitCheck,
     ModelSize,
     Shape,
+    alternatives,
     estimate,
     format_bytes,
     parse_bytes,
+    refusal,
     zero_stage,
 )
 from tests.conftest import assert_clean_failure, lmctl, tiny_clm_args
@@ -105,6 +108,28 @@ def test_zero_stage_of_a_stage_or_a_config_file(tmp_path: Path) -> None:
     path.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
     assert (zero_stage(None), zero_stage("3"), zero_stage(str(path))) == (0, 3, 2)
     assert format_bytes(3 * 1024**3) == "3.0 GiB"
+
+
+def test_the_refusal_names_the_changes_that_fit_with_their_estimates() -> None:
+    shape = replace(SHAPE, batch=32, accumulation=2, processes=4)
+    needed = estimate(SIZE, shape)
+    free = estimate(SIZE, replace(shape, batch=8)).total  # a quarter of the batch fits
+    check = FitCheck(SIZE, shape, needed, free, "test")
+    changes = dict(alternatives(check, can_lora=True))
+    # The smaller batch keeps the global batch: 32 x 2 = 8 x 8.
+    batch = "--per-device-train-batch-size 8 --gradient-accumulation-steps 8"
+    assert changes[batch] == free
+    assert {"--gradient-checkpointing", "--deepspeed 2", "--deepspeed 3", "--peft lora"} <= set(
+        changes
+    )
+    error = refusal(check, can_lora=True)
+    assert format_bytes(needed.total) in error.message and format_bytes(free) in error.message
+    assert error.hint is not None and batch in error.hint
+    for flags, total in changes.items():
+        assert (flags in error.hint) == (total <= free)
+    alone = replace(check, shape=replace(shape, processes=1))
+    flags = [flags for flags, _ in alternatives(alone, can_lora=False)]
+    assert not any(f.startswith(("--deepspeed", "--peft")) for f in flags), flags
 
 
 @pytest.mark.e2e

@@ -367,7 +367,8 @@ def run_shape(
         accumulation=loop.gradient_accumulation_steps,
         processes=processes,
         precision=precision,
-        checkpointing=model.gradient_checkpointing,
+        checkpointing=model.gradient_checkpointing
+        or bool(loop.training_args.get("gradient_checkpointing")),
         zero=zero_stage(scale.deepspeed),
         fsdp=scale.fsdp_sharding if scale.fsdp else None,
         lora_rank=adapter.lora_r if adapter.peft == "lora" else None,
