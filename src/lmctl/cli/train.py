@@ -255,6 +255,7 @@ def fit_check(config: TrainConfig, name: str) -> Any:
         LoopSpec,
         ModelSpec,
         ScaleSpec,
+        TokenizerSpec,
         take,
     )
     from lmctl.run.fit import check_fit
@@ -270,6 +271,7 @@ def fit_check(config: TrainConfig, name: str) -> Any:
         scale=take(ScaleSpec, config),
         adapter=take(AdapterSpec, config),
         launch=take(LaunchSpec, config),
+        tokenizer=take(TokenizerSpec, config),
     )
 
 

@@ -23,7 +23,8 @@ Gradient checkpointing keeps only each block's input (``L·b·s·h·4``, the res
 stays fp32 under autocast) plus one block's worth recomputed in the backward pass. ``b`` is
 the per-device batch (times the choices of a multiple-choice sample), ``s`` the sequence
 length (the objective's flag, else the model's positions capped at 1024), ``L`` layers, ``h``
-hidden size, ``a`` attention heads, ``V`` the vocabulary.
+hidden size, ``a`` attention heads, ``V`` the vocabulary (a model built from scratch takes
+its tokenizer's: ``--train-tokenizer``'s size, or a local tokenizer.json's).
 
 The coefficients, in bytes: a block saves for the backward pass its attention input, q, k, v,
 the attention output and its projection, two layer norms, the MLP's 4·h input and
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
         LoopSpec,
         ModelSpec,
         ScaleSpec,
+        TokenizerSpec,
     )
     from lmctl.models.config import ModelObjective
 
@@ -278,6 +280,23 @@ def _cached_config(name: str, model: ModelSpec, access: Access) -> Any | None:
         return None
 
 
+def tokenizer_vocabulary(tokenizer: TokenizerSpec) -> int | None:
+    """The vocabulary a model built from scratch takes from its tokenizer (None: unknown
+    without loading it): ``--train-tokenizer``'s size, or a local tokenizer.json's."""
+    if tokenizer.train_tokenizer is not None:
+        return tokenizer.train_tokenizer
+    if tokenizer.tokenizer_name is None:
+        return None
+    path = Path(tokenizer.tokenizer_name) / "tokenizer.json"
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        vocab = document["model"]["vocab"]
+        added = {item["content"] for item in document.get("added_tokens", [])}
+        return len(vocab) + len(added - set(vocab if isinstance(vocab, dict) else ()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def model_size(objective: ModelObjective, model_config: Any, access: Access) -> ModelSize | None:
     """Count the parameters of the objective's model built on the meta device."""
     import torch
@@ -386,6 +405,7 @@ def check_fit(
     scale: ScaleSpec,
     adapter: AdapterSpec,
     launch: LaunchSpec,
+    tokenizer: TokenizerSpec,
 ) -> FitCheck | None:
     """The estimate against the free memory (None when the model's config can't be read
     offline or the run does not train)."""
@@ -394,6 +414,12 @@ def check_fit(
     model_config = read_model_config(model, access)
     if model_config is None:
         return None
+    from lmctl.models.config import overridden
+
+    vocabulary = tokenizer_vocabulary(tokenizer)
+    if not model.from_pretrained and vocabulary and "vocab_size" not in overridden(model):
+        # As the model built from scratch will be (lmctl.models.build).
+        model_config.vocab_size = vocabulary
     size = model_size(objective, model_config, access)
     if size is None:
         return None
