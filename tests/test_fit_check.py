@@ -185,3 +185,19 @@ def test_dry_run_shows_the_memory_table(
     assert proc.returncode == 0, proc.stderr
     assert "does NOT fit" in proc.stdout and "#   activations" in proc.stdout
     assert yaml.safe_load(proc.stdout)["config_overrides"] == HUGE_GPT2[-1]
+
+
+def test_the_check_runs_once_in_the_process_that_launches_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lmctl.cli.train import checks_fit_here
+    from lmctl.run.launch import ARGUMENTS_ENV
+
+    for name in ("RANK", "WORLD_SIZE", ARGUMENTS_ENV, "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    assert checks_fit_here()  # the process the user started
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert checks_fit_here()  # a process of a launcher the user started: each checks
+    monkeypatch.setenv(ARGUMENTS_ENV, "train clm --nproc 2")
+    assert not checks_fit_here()  # lmctl's own launcher checked before launching it

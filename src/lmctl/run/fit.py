@@ -207,7 +207,10 @@ def free_memory(on_gpu: bool) -> tuple[int, str]:
     if on_gpu:
         import torch
 
-        free, _ = torch.cuda.mem_get_info()
+        from lmctl.distributed import local_rank
+
+        # This process's GPU (the launchers give each process its LOCAL_RANK).
+        free, _ = torch.cuda.mem_get_info(local_rank() % torch.cuda.device_count())
         return int(free), "GPU free memory"
     import psutil
 
