@@ -189,12 +189,27 @@ def run_train(
         from lmctl.config.loader import dump_config
 
         resolved = {"objective": name, **dump_config(config, masked=True)}
+        # The estimate (with --no-fit-check, none: no torch and transformers to import).
+        memory = fit_check(config, name) if config.fit_check else None
         if not console.options.json:
             import yaml
 
             console.write(yaml.safe_dump(resolved, sort_keys=False))
-        return {"dry_run": True, "config": resolved}
+            if memory is not None:
+                console.write(memory.lines())
+        planned: dict[str, Any] = {"dry_run": True, "config": resolved}
+        if memory is not None:
+            planned["memory"] = {**memory.table(), "fits": memory.fits}
+        return planned
     launch = take(LaunchSpec, config)
+    if config.fit_check and checks_fit_here():
+        # Before the model is built or any data read, and once: in the process that
+        # launches the others.
+        memory = fit_check(config, name)
+        if memory is not None and not memory.fits:
+            from lmctl.run.fit import refusal
+
+            raise refusal(memory, can_lora=config.model_name_or_path is not None)
     check_location(take(RunDirSpec, config))
     # The run directory is this run's alone before anything in it is checked or removed.
     with holding(take(RunDirSpec, config), launch, console, f"lmctl train {name}"):
@@ -217,6 +232,47 @@ def run_train(
             # A taste of the tiny model; it says a warning instead of failing the run.
             sample_line(result["output_dir"], SAMPLE_PROMPTS[name], console)
     return result
+
+
+def checks_fit_here() -> bool:
+    """The fit check runs where the run starts: not again in the processes that lmctl's own
+    launcher started (it checked before launching them), nor after a restart."""
+    import os
+
+    from lmctl.distributed import launched, restart_count
+    from lmctl.run.launch import ARGUMENTS_ENV
+
+    return not (launched() and (ARGUMENTS_ENV in os.environ or restart_count() > 0))
+
+
+def fit_check(config: TrainConfig, name: str) -> Any:
+    """The run's memory estimate against the free memory (None when it can't be made)."""
+    from lmctl.config.slices import (
+        Access,
+        AdapterSpec,
+        ComputeSpec,
+        LaunchSpec,
+        LoopSpec,
+        ModelSpec,
+        ScaleSpec,
+        TokenizerSpec,
+        take,
+    )
+    from lmctl.run.fit import check_fit
+
+    objective = get_objective(name)
+    return check_fit(
+        objective,
+        take(objective.options_class, config),
+        model=take(ModelSpec, config),
+        access=take(Access, config),
+        loop=take(LoopSpec, config),
+        compute=take(ComputeSpec, config),
+        scale=take(ScaleSpec, config),
+        adapter=take(AdapterSpec, config),
+        launch=take(LaunchSpec, config),
+        tokenizer=take(TokenizerSpec, config),
+    )
 
 
 def resolve_train_config(

@@ -416,6 +416,14 @@ class TrainConfig(StrictModel):
         "Recompute activations in the backward pass: less memory, about a third more compute.",
         panel=PANEL_SCALE,
     )
+    fit_check: bool = option(
+        True,
+        "Before building the model, estimate the memory per process (weights, gradients, "
+        "optimizer state, activations) from the model's config and refuse a run that exceeds "
+        "the device's free memory (LMCTL_FREE_MEMORY overrides the free memory); "
+        "--no-fit-check trains anyway.",
+        panel=PANEL_SCALE,
+    )
     peft: Literal["lora"] | None = option(
         None,
         "Parameter-efficient fine-tuning: train a LoRA adapter instead of every weight. "

@@ -188,6 +188,8 @@ class ScaleSpec:
     fsdp_sharding: str
     fsdp_auto_wrap: bool
     fsdp_cpu_offload: bool
+    #: Whether ``lmctl train`` refuses a run whose memory estimate exceeds the free memory.
+    fit_check: bool
 
 
 @dataclass(frozen=True)
