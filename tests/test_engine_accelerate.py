@@ -279,6 +279,7 @@ def test_resume_after_a_crash_matches_the_uninterrupted_run(
     assert results(out)["eval_loss"] == pytest.approx(results(uninterrupted)["eval_loss"], abs=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_sigint_checkpoints_then_resume_continues_exactly(
     uninterrupted: Path, bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path

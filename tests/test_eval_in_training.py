@@ -10,7 +10,7 @@ import pytest
 
 from lmctl.engine import ENGINES
 from lmctl.evaluation.loop import scores_in_memory
-from tests.conftest import lmctl, tiny_clm_args
+from tests.conftest import lmctl, slow_except, tiny_clm_args
 
 TRAINER_KEYS = {
     "eval_loss",
@@ -23,7 +23,7 @@ TRAINER_KEYS = {
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("engine", slow_except(list(ENGINES), "trainer"))
 def test_the_last_step_is_evaluated_once_with_the_numbers_of_lmctl_eval(
     engine: str, bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -261,6 +261,7 @@ def _results(run: Path) -> dict[str, Any]:
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_mlm_from_scratch(
     tmp_path: Path, text_files: tuple[Path, Path], wordpiece_tokenizer: Path

@@ -134,6 +134,7 @@ def _results(run: Path) -> dict[str, Any]:
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_plm_from_scratch_with_its_own_tokenizer(
     tmp_path: Path, text_files: tuple[Path, Path]

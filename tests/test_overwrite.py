@@ -55,6 +55,7 @@ def test_a_project_folder_is_never_emptied(
     assert checksums(project) == before
 
 
+@pytest.mark.slow
 def test_an_earlier_run_is_replaced_and_other_files_kept(
     tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path
 ) -> None:

@@ -247,6 +247,7 @@ def _final(run: Path) -> dict[str, Any]:
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.parametrize("engine", slow_except(["trainer", "accelerate"], "trainer"))
 def test_mlm_loss_with_length_grouping_matches_random_batches(
@@ -270,6 +271,7 @@ def test_mlm_loss_with_length_grouping_matches_random_batches(
     assert grouped["eval_loss"] == pytest.approx(plain["eval_loss"], rel=0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.parametrize("engine", slow_except(["trainer", "accelerate"], "trainer"))
 def test_bf16_loss_curve_stays_within_tolerance_of_fp32(

@@ -205,6 +205,7 @@ def test_train_tokenizer_and_block_size_clamp(
     assert AutoModelForCausalLM.from_pretrained(out).config.vocab_size == 300
 
 
+@pytest.mark.slow
 def test_second_identical_run_reuses_preprocessing(
     tmp_path: Path, text_files: tuple[Path, Path], bpe_tokenizer: Path
 ) -> None:

@@ -49,6 +49,7 @@ def test_prepare_then_train_twice_use_one_tokenizer_and_one_prepared_cache(
     assert results[0]["eval_loss"] == results[1]["eval_loss"]
 
 
+@pytest.mark.slow
 def test_other_texts_train_another_and_overwrite_cache_trains_anew(
     tmp_path: Path, text_files: tuple[Path, Path]
 ) -> None:
