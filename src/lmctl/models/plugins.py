@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "lmctl.models"
 
 _loaded: set[str] = set()
+_announced: set[str] = set()
+_modules: dict[str, str] = {}
 
 
 def is_file_module(name: str) -> bool:
@@ -38,18 +40,25 @@ def is_file_module(name: str) -> bool:
 
 
 def load_plugins(imports: Iterable[str], console: Console) -> None:
-    """Import every ``--import`` module and every ``lmctl.models`` entry point, once."""
+    """Import every ``--import`` module and every ``lmctl.models`` entry point, once; each is
+    said once, by the first console that is not quiet (the fit check loads them quietly)."""
     for entry_point in entry_points(group=ENTRY_POINT_GROUP):
         key = f"entry point {entry_point.name}"
         if key not in _loaded:
             _load_entry_point(entry_point)
             _loaded.add(key)
-            console.info(f"custom architectures: loaded entry point {entry_point.value}")
+        _announce(console, key, f"loaded entry point {entry_point.value}")
     for name in imports:
         if name not in _loaded:
-            module = import_user_module(name)
+            _modules[name] = import_user_module(name).__name__
             _loaded.add(name)
-            console.info(f"custom architectures: imported {module.__name__} (--import {name})")
+        _announce(console, name, f"imported {_modules[name]} (--import {name})")
+
+
+def _announce(console: Console, key: str, text: str) -> None:
+    if key not in _announced and not console.options.quiet:
+        _announced.add(key)
+        console.info(f"custom architectures: {text}")
 
 
 def import_user_module(name: str) -> ModuleType:
