@@ -96,6 +96,8 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
                 console=console,
             )
         if not main:
+            if mirror is not None:
+                mirror.finish()  # this machine's part of the last checkpoints goes up first
             return {"output_dir": shown, "global_step": result.global_step, "metrics": {}}
         results = lifecycle.finish_run_dir(
             run_dir,
