@@ -121,10 +121,11 @@ def local_copy(path: str, console: Console, overrides: dict[str, Any]) -> tuple[
     from lmctl.run.lease import refuse_if_held
     from lmctl.storage.locations import run_staging_dir
 
-    if not launched():  # launched processes resume under the lease of their launcher
-        refuse_if_held(location, path)
-
     node, nodes = machine(_given_int(overrides, "node_rank", 0), _given_int(overrides, "nnodes", 1))
+    if not launched() and nodes == 1:
+        # Launched processes resume under the lease of their launcher; the machines of a run
+        # of several start together, and the lease its main process takes may be the run's own.
+        refuse_if_held(location, path)
     staging = overrides.get("staging_dir")
     local = local_path(staging) if staging is not None else run_staging_dir(location, node, nodes)
     return fetch_run(location, local, console, whole=nodes > 1), location
