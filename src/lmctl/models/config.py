@@ -126,6 +126,10 @@ def model_class_names(model_class: Any) -> set[str]:
     return names
 
 
+#: The length an objective uses when neither its flag nor the tokenizer sets one (upstream's).
+DEFAULT_LENGTH_CAP = 1024
+
+
 def max_positions(model_config: PretrainedConfig) -> int | None:
     for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
         value = getattr(model_config, name, None)

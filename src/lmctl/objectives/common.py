@@ -14,7 +14,7 @@ from lmctl.config.slices import DataSpec
 from lmctl.data.load import cached_map, group_into_blocks, text_column, tokenizer_fingerprint
 from lmctl.data.tokens import LineEncoder, default_workers, is_blank, write_lines
 from lmctl.errors import DataError
-from lmctl.models.config import max_positions
+from lmctl.models.config import DEFAULT_LENGTH_CAP, max_positions
 
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from lmctl.config.slices import DataSpec, LoopSpec
     from lmctl.console import Console
 
-DEFAULT_LENGTH_CAP = 1024
 # Tokenizers without a recorded maximum report a huge sentinel (int(1e30)).
 _UNSET_MAX = 10**9
 

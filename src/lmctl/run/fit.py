@@ -79,8 +79,6 @@ SCORE_BYTES = 13
 LOGITS_BYTES = 14
 #: Environment variable that replaces the measured free memory (bytes, or with a unit).
 FREE_MEMORY_ENV = "LMCTL_FREE_MEMORY"
-#: The sequence length assumed when the objective's flag leaves it to the tokenizer.
-DEFAULT_LENGTH_CAP = 1024
 
 _UNITS = {
     "": 1,
@@ -236,7 +234,7 @@ def sequence_length(options: Any, model_config: Any) -> int:
         value = getattr(options, name, None)
         if isinstance(value, int) and value > 0:
             return value
-    from lmctl.models.config import max_positions
+    from lmctl.models.config import DEFAULT_LENGTH_CAP, max_positions
 
     positions = max_positions(model_config)
     return min(positions, DEFAULT_LENGTH_CAP) if positions else DEFAULT_LENGTH_CAP
