@@ -148,7 +148,7 @@ def test_nproc_1_needs_no_launcher_and_several_get_one_thread_each(
 
     def spec(**values: object) -> LaunchSpec:
         base: dict[str, object] = {
-            "nproc": 1, "nnodes": 1, "node_rank": 0, "master_addr": None,
+            "nproc": 1, "nnodes": 1, "min_nnodes": None, "node_rank": 0, "master_addr": None,
             "master_port": None, "launcher": "torchrun", "max_restarts": 0,
         }  # fmt: skip
         return LaunchSpec(**{**base, **values})  # type: ignore[arg-type]

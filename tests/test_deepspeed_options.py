@@ -176,6 +176,37 @@ def test_launcher_commands_with_restarts(tmp_path: Path) -> None:
     assert launcher_environment(take(LaunchSpec, _config(tmp_path, nproc=2))) == {}
 
 
+def test_a_range_of_machines_reaches_torchruns_elastic_agent(tmp_path: Path) -> None:
+    """--nnodes MIN:MAX (with --max-restarts) goes to torchrun as its elastic range; what
+    cannot take a range is refused, naming the flag."""
+    from lmctl.config.slices import LaunchSpec, take
+    from lmctl.run.launch import launcher_command
+
+    elastic = {"nproc": 2, "master_addr": "10.0.0.1", "max_restarts": 2}
+    config = _config(tmp_path, nnodes="1:3", **elastic)
+    assert (config.nnodes, config.min_nnodes) == (3, 1)
+    command = launcher_command(take(LaunchSpec, config), ["train", "clm"])
+    assert command[command.index("--nnodes") + 1] == "1:3"
+    assert "--rdzv_backend" in command and "--node_rank" not in command
+    refused = {
+        "MIN is above MAX": {**elastic, "nnodes": "3:2"},
+        "needs --max-restarts N": {**elastic, "nnodes": "1:2", "max_restarts": 0},
+        "--launcher accelerate has no range": {
+            **elastic, "nnodes": "1:2", "launcher": "accelerate"
+        },
+        "continues on a fixed number of machines": {
+            **elastic, "nnodes": "1:2", "output_dir": "s3://bucket/run"
+        },
+    }  # fmt: skip
+    for message, values in refused.items():
+        with pytest.raises(ConfigError) as caught:
+            _config(tmp_path, **values)
+        assert "--nnodes" in caught.value.message and message in caught.value.message
+    with pytest.raises(ConfigError) as caught:
+        _config(tmp_path, nproc=2, nnodes="one:2")
+    assert "nnodes" in caught.value.message
+
+
 def test_resume_on_another_world_size_keeps_the_global_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -66,7 +66,7 @@ def _spec(output_dir: Path | str, **changes: object) -> RunDirSpec:
 
 
 def _launch(nproc: int | None = None, nnodes: int = 1) -> LaunchSpec:
-    return LaunchSpec(nproc, nnodes, 0, None, None, "torchrun", 0)
+    return LaunchSpec(nproc, nnodes, None, 0, None, None, "torchrun", 0)
 
 
 def test_the_holder_is_recorded_and_a_new_directory_goes_when_nothing_was_written(

@@ -81,11 +81,11 @@ def uninterrupted(
 
 
 def _two_machines(
-    args: list[str], cwd: Path, env: dict[str, str], *extra: str
+    args: list[str], cwd: Path, env: dict[str, str], *extra: str, nnodes: str = "2"
 ) -> list[subprocess.Popen[str]]:
     """The same command on two 'machines': one launcher each, --node-rank 0 first."""
     port = str(free_port())
-    machines = ("--nproc", "1", "--nnodes", "2", "--master-addr", "127.0.0.1")
+    machines = ("--nproc", "1", "--nnodes", nnodes, "--master-addr", "127.0.0.1")
     return [
         start(
             lmctl_command(
@@ -253,6 +253,50 @@ def test_two_machines_restart_from_the_newest_checkpoint_in_the_store(
     restarts = [r for r in _metrics((root / "metrics.jsonl").read_text()) if "restart" in r]
     assert [r["step"] for r in restarts] == [5]
     assert max_difference(weights(root), weights(uninterrupted("trainer"))) < 1e-5
+
+
+def test_a_machine_lost_for_good_leaves_the_run_to_the_others(
+    uninterrupted: Callable[[str], Path],
+    bpe_tokenizer: Path,
+    unique_lines: tuple[Path, Path],
+    tmp_path: Path,
+    store_env: dict[str, str],
+) -> None:
+    """--nnodes 1:2 --max-restarts 2 into a directory both machines share: once checkpoint-5
+    is complete, machine 1 (its launcher and its process) is killed for good. Machine 0's
+    agent restarts with the one machine left, which continues from checkpoint-5 with the
+    same global batch (4 per device x 1 process x 2 accumulation steps) and finishes with
+    the uninterrupted two-process run's eval loss within 1%; the change is in the log,
+    metrics.jsonl and `lmctl runs`."""
+    out = tmp_path / "run"
+    args = _args(bpe_tokenizer, unique_lines, out, *OPTIONS["trainer"])
+    env = {**store_env, "LMCTL_STEP_DELAY": "0.3"}
+    first, second = _two_machines(args, tmp_path, env, "--max-restarts", "2", nnodes="1:2")
+    kill_when(second, (out / "checkpoint-5").is_dir)  # its launcher too: for good
+    done = finish(first)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "--nnodes 1:2" in done.stderr  # the launcher command shown
+    assert (
+        "checkpoint-5 was saved by 2 process(es); continuing on 1 with the same global "
+        "batch of 8 = 4 per device x 1 process(es) x 2 accumulation step(s)" in done.stderr
+    )
+    (restart,) = [r for r in _metrics((out / "metrics.jsonl").read_text()) if "restart" in r]
+    assert restart["step"] == 5 and restart["checkpoint"] == "checkpoint-5"
+    assert (restart["processes"], restart["processes_before"]) == (1, 2)
+    latest = checkpoints.latest_checkpoint(out)
+    assert latest is not None and latest.name == "checkpoint-10"
+    assert checkpoints.checkpoint_world_size(latest) == 1
+    # Dropout draws after the restart come from the seed and the step, not the lost
+    # machine's random state: the weights differ a little, the model does not.
+    final = json.loads((out / "all_results.json").read_text())["eval_loss"]
+    expected = json.loads((uninterrupted("trainer") / "all_results.json").read_text())["eval_loss"]
+    assert abs(final - expected) <= 0.01 * expected, (final, expected)
+    listed = run(lmctl_command("runs", tmp_path, "--json"), tmp_path)
+    (summary,) = json.loads(listed.stdout)["runs"]
+    assert summary["status"] == "finished"
+    assert summary["restarts"][0]["processes"] == 1
+    table = run(lmctl_command("runs", tmp_path), tmp_path).stdout
+    assert "on 1 process(es) instead of 2" in table
 
 
 @pytest.mark.parametrize("who", ["ranks", "job"])

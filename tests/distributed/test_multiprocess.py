@@ -266,8 +266,9 @@ def test_resume_on_another_number_of_processes_continues_the_same_global_batches
     tmp_path: Path,
 ) -> None:
     """SIGKILL after a checkpoint, `lmctl resume --nproc M` on another number: the
-    accumulation changes so the global batch stays 8, and every optimizer step trains on the
-    examples the uninterrupted run trained on at that step."""
+    accumulation changes so the global batch stays 8, every optimizer step trains on the
+    examples the uninterrupted run trained on at that step, and the final eval loss is the
+    uninterrupted run's within 1%."""
     full, killed = tmp_path / "full", tmp_path / "killed"
     seen_full, seen_killed, seen_resumed = (tmp_path / n for n in ("sf", "sk", "sr"))
     for folder in (seen_full, seen_killed, seen_resumed):
@@ -276,7 +277,7 @@ def test_resume_on_another_number_of_processes_continues_the_same_global_batches
 
     def args(out: Path) -> list[str]:
         return [*training_args("clm", bpe_tokenizer, unique_lines, out, "--engine", engine),
-                "--save-steps", "4", "--no-eval", "--nproc", str(saved_on),
+                "--save-steps", "4", "--nproc", str(saved_on),
                 "--gradient-accumulation-steps", accumulation]  # fmt: skip
 
     proc = run(lmctl_command(*args(full)), tmp_path, {"LMCTL_RECORD_DIR": str(seen_full)})
@@ -304,3 +305,5 @@ def test_resume_on_another_number_of_processes_continues_the_same_global_batches
         "per_device": 4, "processes": resumed_on, "accumulation": 2 // resumed_on,
     }  # fmt: skip
     assert results(killed)["train_loss"] > 0
+    final, uninterrupted = results(killed)["eval_loss"], results(full)["eval_loss"]
+    assert abs(final - uninterrupted) <= 0.01 * uninterrupted, (final, uninterrupted)

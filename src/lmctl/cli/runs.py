@@ -88,7 +88,7 @@ def run_runs(folder: str, console: Console) -> dict[str, Any]:
                 lines += ["", "restarts:"]
                 lines += [
                     f"  {Path(s.path).name}: restart {r['restart']} from step {r['step']} "
-                    f"after {r['cause']}"
+                    f"after {r['cause']}{_processes(r)}"
                     for s in restarted
                     for r in s.restarts
                 ]
@@ -148,3 +148,10 @@ def register(app: typer.Typer, parent: CommandDoc) -> None:
     ]
     command = with_signature(_command, params, HELP)
     add_command(app, parent, "runs", command, "List runs with their status and metrics.")
+
+
+def _processes(restart: dict[str, Any]) -> str:
+    """How the number of processes changed at a restart, if it did."""
+    if "processes" not in restart:
+        return ""
+    return f"; on {restart['processes']} process(es) instead of {restart['processes_before']}"

@@ -362,7 +362,21 @@ class TrainConfig(StrictModel):
         panel=PANEL_SCALE,
         gt=0,
     )
-    nnodes: int = option(1, "Machines taking part (with --nproc).", panel=PANEL_SCALE, gt=0)
+    nnodes: int = option(
+        1,
+        "Machines taking part (with --nproc); MIN:MAX (torchrun's elastic form, with "
+        "--max-restarts): a restart goes on with as few as MIN machines when others are lost, "
+        "and grows again when they return.",
+        panel=PANEL_SCALE,
+        gt=0,
+    )
+    min_nnodes: int | None = option(
+        None,
+        "The fewest machines a restart goes on with (MIN of --nnodes MIN:MAX).",
+        panel=PANEL_SCALE,
+        cli=False,
+        gt=0,
+    )
     node_rank: int = option(
         0, "This machine's rank among --nnodes (0 on the first).", panel=PANEL_SCALE, ge=0
     )
@@ -472,10 +486,11 @@ class TrainConfig(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_trainer_spellings(cls, data: Any) -> Any:
-        from lmctl.config.upstream import checkpointing_steps
+    def _other_spellings(cls, data: Any) -> Any:
+        """Upstream no_trainer's step options; ``--nnodes MIN:MAX``."""
+        from lmctl.config.upstream import checkpointing_steps, machine_range
 
-        return checkpointing_steps(data)
+        return machine_range(checkpointing_steps(data))
 
     @field_validator("training_args")
     @classmethod
@@ -533,38 +548,11 @@ class TrainConfig(StrictModel):
         return self
 
     def check(self, problems: Problems) -> None:
-        """The shared cross-field rules (:mod:`lmctl.config.checks`, one per slice they
-        concern); objectives extend this and call ``super().check``."""
-        from lmctl.config import checks
-        from lmctl.config.slices import SHARED_SLICES, take
+        """The shared cross-field rules (:func:`lmctl.config.checks.check_document`);
+        objectives extend this and call ``super().check``."""
+        from lmctl.config.checks import check_document
 
-        cut: dict[str, Any] = {name: take(kind, self) for name, kind in SHARED_SLICES.items()}
-        model, data, loop = cut["model"], cut["data"], cut["loop"]
-        changed = {
-            name
-            for name, info in type(self).model_fields.items()
-            if getattr(self, name) != info.default
-        }
-        checks.check_model(model, cut["tokenizer"], problems)
-        checks.check_data(data, cut["tokenizer"], loop, problems)
-        checks.check_imports(model, problems)
-        checks.check_precision(cut["compute"], problems)
-        resuming = self.resume_from_checkpoint is not None
-        checks.check_schedule(loop, cut["optimizer"], problems, resuming=resuming)
-        checks.check_fast_paths(cut["compute"], problems)
-        checks.check_engine(loop, problems)
-        checks.check_launch(cut["launch"], changed, problems)
-        checks.check_scale(cut["scale"], loop, changed, problems)
-        checks.check_adapter(cut["adapter"], model, changed, problems)
-        checks.check_publish(cut["publish"], loop, problems)
-        checks.check_streaming(data, loop, problems)
-        checks.check_locations(
-            cut["run_dir"],
-            data,
-            self.cache_dir,
-            self.training_args.get("logging_dir"),
-            problems,
-        )
+        check_document(self, problems)
 
     def fast_path_names(self) -> frozenset[str] | None:
         """The paths a ``--fast-paths`` list names (None for auto and off)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 from lmctl import install_hint
 from lmctl.config.fields import flag_name
@@ -249,7 +249,9 @@ def check_engine(loop: LoopSpec, problems: Problems) -> None:
         problems.add("nothing to do: both training and evaluation are off", "drop --no-train")
 
 
-def check_launch(launch: LaunchSpec, changed: set[str], problems: Problems) -> None:
+def check_launch(
+    launch: LaunchSpec, run_dir: RunDirSpec, changed: set[str], problems: Problems
+) -> None:
     """``changed``: the document's fields that differ from their defaults."""
     if launch.nproc is None:
         for name in ("nnodes", "node_rank", "master_addr", "master_port", "max_restarts"):
@@ -263,10 +265,35 @@ def check_launch(launch: LaunchSpec, changed: set[str], problems: Problems) -> N
             f"--nnodes {launch.nnodes} needs --master-addr",
             "give the address of the machine started with --node-rank 0",
         )
+    if launch.min_nnodes is not None:
+        _check_machine_range(launch, run_dir, problems)
     if launch.node_rank >= launch.nnodes:
         problems.add(
             f"--node-rank {launch.node_rank} is not below --nnodes {launch.nnodes}",
             "number the machines 0 .. nnodes-1",
+        )
+
+
+def _check_machine_range(launch: LaunchSpec, run_dir: RunDirSpec, problems: Problems) -> None:
+    """``--nnodes MIN:MAX``: machines leave and join the run only when it restarts."""
+    given = f"--nnodes {launch.min_nnodes}:{launch.nnodes}"
+    if launch.min_nnodes is not None and launch.min_nnodes > launch.nnodes:
+        problems.add(f"{given}: MIN is above MAX", "give MIN:MAX with MIN at most MAX")
+    if launch.max_restarts == 0:
+        problems.add(
+            f"{given} needs --max-restarts N: machines leave or join a run when it restarts",
+            "add --max-restarts N, or give --nnodes N",
+        )
+    if launch.launcher != "torchrun":
+        problems.add(
+            f"{given}: --launcher {launch.launcher} has no range of machines",
+            "use --launcher torchrun (the default)",
+        )
+    if run_dir.output_dir is not None and url_scheme(run_dir.output_dir) is not None:
+        problems.add(
+            f"{given}: a run directory in object storage ({run_dir.output_dir}) continues "
+            "on a fixed number of machines",
+            "write the run to a directory every machine shares, or give --nnodes N",
         )
 
 
@@ -381,3 +408,32 @@ def check_locations(
             f"--resume-from-checkpoint {checkpoint}: no such directory",
             "give a checkpoint directory, or 'auto' for the newest in --output-dir",
         )
+
+
+def check_document(document: Any, problems: Problems) -> None:
+    """The shared cross-field rules of a config document: one function below per slice they
+    concern."""
+    from lmctl.config.slices import SHARED_SLICES, take
+
+    cut: dict[str, Any] = {name: take(kind, document) for name, kind in SHARED_SLICES.items()}
+    model, data, loop = cut["model"], cut["data"], cut["loop"]
+    changed = {
+        name
+        for name, info in type(document).model_fields.items()
+        if getattr(document, name) != info.default
+    }
+    check_model(model, cut["tokenizer"], problems)
+    check_data(data, cut["tokenizer"], loop, problems)
+    check_imports(model, problems)
+    check_precision(cut["compute"], problems)
+    resuming = document.resume_from_checkpoint is not None
+    check_schedule(loop, cut["optimizer"], problems, resuming=resuming)
+    check_fast_paths(cut["compute"], problems)
+    check_engine(loop, problems)
+    check_launch(cut["launch"], cut["run_dir"], changed, problems)
+    check_scale(cut["scale"], loop, changed, problems)
+    check_adapter(cut["adapter"], model, changed, problems)
+    check_publish(cut["publish"], loop, problems)
+    check_streaming(data, loop, problems)
+    logging_dir = document.training_args.get("logging_dir")
+    check_locations(cut["run_dir"], data, document.cache_dir, logging_dir, problems)

@@ -223,6 +223,8 @@ class RunDirSpec:
 class LaunchSpec:
     nproc: int | None
     nnodes: int
+    #: With restarts: the fewest machines a restart goes on with (None: every machine).
+    min_nnodes: int | None
     node_rank: int
     master_addr: str | None
     master_port: int | None

@@ -368,3 +368,14 @@ def checkpointing_steps(data: Any) -> Any:
             ]
         )
     return data
+
+
+def machine_range(data: Any) -> Any:
+    """``--nnodes MIN:MAX`` (torchrun's elastic form): at most MAX machines, and a restart
+    goes on with as few as MIN (``min_nnodes``). Another value is left for the field's own
+    check to report."""
+    if isinstance(data, dict) and isinstance(data.get("nnodes"), str):
+        low, colon, high = data["nnodes"].partition(":")
+        if colon and low.strip().isdigit() and high.strip().isdigit():
+            data = {**data, "nnodes": int(high), "min_nnodes": int(low)}
+    return data

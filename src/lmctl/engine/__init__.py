@@ -60,6 +60,17 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
         from lmctl.pipeline import prepare
 
         runtime = resolve_runtime(spec, run_dir, console)
+        if runtime.batch is not None:
+            # A restart on another number of processes: the same global batch, and the run
+            # records the shape it goes on with.
+            batch = runtime.batch
+            config = config.model_copy(
+                update={
+                    "per_device_train_batch_size": batch.per_device,
+                    "gradient_accumulation_steps": batch.accumulation,
+                }
+            )
+            spec = slice_config(config, objective.options_class)
         chosen = "" if spec.compute.requested_precision != "auto" else " (--precision auto)"
         console.info(f"training in {runtime.precision or 'fp32'} on {runtime.device}{chosen}")
         if runtime.resume is not None:

@@ -89,7 +89,8 @@ def launcher_command(spec: LaunchSpec, arguments: list[str]) -> list[str]:
             command.append("--standalone")  # a free port on this machine
         elif elastic:
             endpoint = f"{spec.master_addr}:{port or DEFAULT_PORT}"
-            command += ["--nnodes", str(spec.nnodes)]
+            machines = f"{spec.min_nnodes}:{spec.nnodes}" if spec.min_nnodes else str(spec.nnodes)
+            command += ["--nnodes", machines]
             command += ["--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint]
             command += ["--rdzv_conf", _rendezvous_host(spec)]
         else:

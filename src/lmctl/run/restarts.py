@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmctl.distributed import rank, restart_count, restartable
+from lmctl.distributed import rank, restart_count, restartable, world_size
 from lmctl.run import checkpoints, history, rundir
 from lmctl.run.history import read_records
 from lmctl.storage.atomic import atomic_write
@@ -178,10 +178,15 @@ def record_restart(run_dir: Path, checkpoint: Path | None, console: Console) -> 
     _forget_ended()
     where = f"{checkpoint.name} (step {step})" if checkpoint is not None else "step 0"
     number = _restarts_recorded(run_dir) + 1
-    console.warn(f"restart {number} after {cause}: continuing from {where}")
     record: dict[str, Any] = {"event": "restart", "restart": number, "step": step}
     if checkpoint is not None:
         record["checkpoint"] = checkpoint.name
+        saved = checkpoints.checkpoint_world_size(checkpoint) if checkpoint.is_dir() else None
+        if saved is not None and saved != world_size():
+            # Machines were lost or came back (--nnodes MIN:MAX).
+            record.update(processes=world_size(), processes_before=saved)
+            where += f" on {world_size()} process(es) instead of {saved}"
+    console.warn(f"restart {number} after {cause}: continuing from {where}")
     history.append_metrics(run_dir, {**record, "cause": cause})
 
 

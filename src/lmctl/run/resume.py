@@ -21,8 +21,7 @@ from lmctl.errors import ConfigError
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import checkpoints, history, rundir
 from lmctl.run.lock import HELD_ENV
-from lmctl.run.runtime import world_change_problem
-from lmctl.run.totals import BatchShape
+from lmctl.run.runtime import batch_on
 from lmctl.storage import atomic
 from lmctl.storage.paths import is_remote, local_path, url_scheme
 
@@ -245,47 +244,22 @@ def _same_global_batch(
     """On another number of processes than saved the checkpoint, the same global batch: the
     accumulation steps (or, when they cannot, the per-device batch) chosen so that
     per-device batch x processes x accumulation stays what it was; said in one line by the
-    process that starts the others. What cannot continue is refused by
-    ``runtime.check_world_size``, which every process runs. The fields to change, if any."""
-    saved = checkpoints.checkpoint_world_size(checkpoint)
+    process that starts the others. What cannot continue is refused
+    (``runtime.batch_on``). The fields to change, if any."""
     if distributed.launched():
         processes = distributed.world_size()
     elif launch.nnodes > 1:
         return {}
     else:
         processes = launch.nproc or 1
-    shape = BatchShape.of_checkpoint(checkpoint)
-    if saved is None or saved == processes:
-        return {}
-    if shape is None:
-        raise ConfigError(
-            f"--nproc {processes}: {checkpoint.name} was saved by {saved} process(es) and does "
-            "not record its global batch (it was written by an older lmctl)",
-            f"leave --nproc out (the run resumes on the {saved} it was saved by), or start a "
-            "new run",
-        )
-    problem = world_change_problem(*run)
-    if problem is not None:
-        raise ConfigError(
-            f"{checkpoint.name} was saved by {saved} process(es) and cannot continue on "
-            f"{processes}: {problem}",
-            f"resume it on {saved} (leave --nproc out), or start a new run",
-        )
-    new = shape.on(processes)
+    new = batch_on(checkpoint, processes, run, f"--nproc {processes}")
     if new is None:
-        fits = [n for n in range(1, shape.size + 1) if shape.size % n == 0 and n <= 64]
-        raise ConfigError(
-            f"--nproc {processes}: the global batch of {checkpoint.name}, {shape.describe()}, "
-            f"does not split evenly over {processes} processes",
-            "resume on a number of processes that divides it: " + ", ".join(map(str, fits)),
-        )
+        return {}
     if not distributed.launched() or (
         distributed.is_main_process() and not os.environ.get(HELD_ENV)
     ):
-        console.info(
-            f"{checkpoint.name} was saved by {saved} process(es); continuing on {processes} "
-            f"with the same global batch of {new.describe()}"
-        )
+        saved = checkpoints.checkpoint_world_size(checkpoint)
+        console.info(new.continuing(checkpoint.name, saved))
     return {
         "per_device_train_batch_size": new.per_device,
         "gradient_accumulation_steps": new.accumulation,

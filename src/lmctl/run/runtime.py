@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from lmctl import distributed
 from lmctl.errors import ConfigError
 from lmctl.run import checkpoints
+from lmctl.run.restarts import restarted
 from lmctl.run.totals import BatchShape
 
 if TYPE_CHECKING:
@@ -40,6 +41,9 @@ class Runtime:
     workers: int
     #: The checkpoint training continues from (None: step 0).
     resume: Path | None
+    #: After a restart on another number of processes than saved ``resume``: the per-device
+    #: batch and accumulation steps that keep its global batch (None: the run's own).
+    batch: BatchShape | None
     fast_paths: FastPaths
 
     @property
@@ -95,50 +99,88 @@ def wrappers(spec: RunSpec) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def resume_point(spec: RunSpec, run_dir: Path, console: Console) -> Path | None:
+def resume_point(
+    spec: RunSpec, run_dir: Path, console: Console
+) -> tuple[Path | None, BatchShape | None]:
     """The checkpoint training continues from (``checkpoints.resume_checkpoint`` says which,
-    and why newer ones were skipped); it must have been saved by as many processes as this
-    run has."""
+    and why newer ones were skipped), and the batch shape that keeps its global batch when a
+    restart continues it on another number of processes (see :func:`check_world_size`)."""
     if not spec.loop.do_train:
-        return None
+        return None, None
     checkpoint = checkpoints.resume_checkpoint(spec.run_dir, run_dir, console)
-    if checkpoint is not None:
-        check_world_size(checkpoint, spec)
-        if checkpoint.is_dir() and not checkpoints.holds_training_state(checkpoint):
-            console.info(
-                f"{checkpoint.name} holds the model alone (save_only_model): training goes on "
-                "from its weights with a new optimizer state (AdamW's moments start from "
-                "zero) and new random states; the learning-rate schedule goes on"
-            )
-    return checkpoint
+    if checkpoint is None:
+        return None, None
+    batch = check_world_size(checkpoint, spec)
+    if batch is not None and distributed.is_main_process():
+        saved = checkpoints.checkpoint_world_size(checkpoint)
+        console.info(batch.continuing(checkpoint.name, saved))
+    if checkpoint.is_dir() and not checkpoints.holds_training_state(checkpoint):
+        console.info(
+            f"{checkpoint.name} holds the model alone (save_only_model): training goes on "
+            "from its weights with a new optimizer state (AdamW's moments start from "
+            "zero) and new random states; the learning-rate schedule goes on"
+        )
+    return checkpoint, batch
 
 
-def check_world_size(checkpoint: Path, spec: RunSpec) -> None:
-    """A checkpoint continues on another number of processes with the same global batch
-    (``lmctl resume`` chooses the accumulation steps for it, see :mod:`lmctl.run.resume`): the
-    seeded order of map-style data is split between processes by global batch, so every step
-    trains on the same examples. What is cut per process is refused: a stream's positions,
-    sharded optimizer states, length groups."""
-    if not checkpoint.is_dir():
-        return
-    saved = checkpoints.checkpoint_world_size(checkpoint)
-    current = distributed.world_size()
-    if saved is None or saved == current:
-        return
-    problem = world_change_problem(spec.data, spec.scale, spec.loop)
+def batch_on(
+    checkpoint: Path,
+    processes: int,
+    run: tuple[DataSpec, ScaleSpec, LoopSpec],
+    flag: str | None = None,
+) -> BatchShape | None:
+    """How ``checkpoint`` continues on ``processes`` processes with the global batch it
+    recorded: the per-device batch and accumulation steps that keep it (None: it was saved by
+    as many processes, or holds no training state). The seeded order of map-style data is
+    split between processes by global batch, so every step trains on the same examples.
+    What is cut per process is refused: a stream's positions, sharded optimizer states,
+    length groups; and a global batch that does not split evenly. ``flag``: the option that
+    asked for ``processes``, named first in a refusal."""
+    asked = f"{flag}: " if flag else ""
+    saved = checkpoints.checkpoint_world_size(checkpoint) if checkpoint.is_dir() else None
+    if saved is None or saved == processes:
+        return None
+    problem = world_change_problem(*run)
     shape = BatchShape.of_checkpoint(checkpoint)
-    loop = spec.loop
-    here = BatchShape(loop.per_device_train_batch_size, current, loop.gradient_accumulation_steps)
     if problem is None and shape is None:
         problem = "it does not record its global batch (it was written by an older lmctl)"
-    if problem is None and shape is not None and shape.size != here.size:
-        problem = f"its global batch is {shape.describe()}; this run's would be {here.describe()}"
-    if problem is None:
-        return
+    if problem is not None or shape is None:
+        raise ConfigError(
+            f"{asked}{checkpoint.name} was saved by {saved} process(es) and cannot continue on "
+            f"{processes}: {problem}",
+            f"resume it on {saved} (leave --nproc out), or start a new run",
+        )
+    new = shape.on(processes)
+    if new is None:
+        fits = [n for n in range(1, shape.size + 1) if shape.size % n == 0 and n <= 64]
+        raise ConfigError(
+            f"{asked}the global batch of {checkpoint.name}, {shape.describe()}, "
+            f"does not split evenly over {processes} processes",
+            "resume on a number of processes that divides it: " + ", ".join(map(str, fits)),
+        )
+    return new
+
+
+def check_world_size(checkpoint: Path, spec: RunSpec) -> BatchShape | None:
+    """A checkpoint saved by another number of processes than this run has continues with
+    the same global batch: ``lmctl resume`` chose the batch shape for it before launching;
+    after a restart by the elastic agent on fewer or more machines (``--nnodes MIN:MAX``),
+    the shape to continue with is returned. Anything else is refused."""
+    current = distributed.world_size()
+    new = batch_on(checkpoint, current, (spec.data, spec.scale, spec.loop))
+    here = BatchShape.of(spec.loop, current)
+    if new is None or new.size == here.size:
+        return None
+    if restarted():
+        return new
+    shape = BatchShape.of_checkpoint(checkpoint)
+    assert shape is not None
+    saved = checkpoints.checkpoint_world_size(checkpoint)
     raise ConfigError(
         f"{checkpoint} was saved by {saved} process(es) and cannot continue on {current}: "
-        f"{problem}",
-        f"resume it on {saved} (lmctl resume RUN_DIR without --nproc), or start a new run",
+        f"its global batch is {shape.describe()}; this run's would be {here.describe()}",
+        f"resume it with lmctl resume RUN_DIR --nproc {current} (it keeps the global batch), "
+        "or start a new run",
     )
 
 
@@ -197,6 +239,7 @@ def resolve_runtime(spec: RunSpec, run_dir: Path, console: Console) -> Runtime:
     # accelerator train together on its CPUs (gloo) instead of each as a separate job, only
     # when told the CPU is the device.
     alone_on_cpu = not torch.accelerator.is_available() and (precision == "bf16" or processes > 1)
+    resume, batch = resume_point(spec, run_dir, console)
     return Runtime(
         precision=precision,
         device=device,
@@ -204,6 +247,7 @@ def resolve_runtime(spec: RunSpec, run_dir: Path, console: Console) -> Runtime:
         processes=processes,
         rank=distributed.rank(),
         workers=spec.loop.dataloader_num_workers,
-        resume=resume_point(spec, run_dir, console),
+        resume=resume,
+        batch=batch,
         fast_paths=FastPaths.of(fast_path_setting(spec, device, precision)),
     )

@@ -188,7 +188,11 @@ def summarize(run_dir: Path, now: float | None = None) -> RunSummary:
         age_seconds=round(age, 1),
         resume_command=resume_command(run_dir) if interrupted else None,
         restarts=[
-            {key: record.get(key) for key in ("restart", "step", "cause")}
+            {
+                key: record[key]
+                for key in ("restart", "step", "cause", "processes", "processes_before")
+                if key in record
+            }
             for record in records
             if record.get("event") == "restart"
         ],

@@ -131,6 +131,13 @@ class BatchShape:
             f"{self.accumulation} accumulation step(s)"
         )
 
+    def continuing(self, checkpoint: str, saved: int | None) -> str:
+        """The line that says a checkpoint continues on another number of processes."""
+        return (
+            f"{checkpoint} was saved by {saved} process(es); continuing on {self.processes} "
+            f"with the same global batch of {self.describe()}"
+        )
+
     @classmethod
     def of(cls, loop: Any, processes: int) -> BatchShape:
         """The shape a training loop's settings (``TrainingArguments`` or ``LoopSpec``) give on
