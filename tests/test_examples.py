@@ -1,7 +1,7 @@
 """Every file under examples/ is a config that validates (with the data it names put in
 place), another config file (DeepSpeed, FSDP, accelerate) that parses, or a cluster
 template whose shell syntax is right (tests/distributed/test_cluster_templates.py runs
-them)."""
+them), or Python that compiles."""
 
 from __future__ import annotations
 
@@ -68,6 +68,9 @@ def test_example_file(path: Path, tmp_path: Path) -> None:
     if path.suffix in SCRIPT_SUFFIXES:
         checked = subprocess.run(["bash", "-n", path], capture_output=True, text=True, check=False)
         assert checked.returncode == 0, checked.stderr
+        return
+    if path.suffix == ".py":  # a reader or a script that builds an example's data
+        compile(path.read_text(encoding="utf-8"), str(path), "exec")
         return
     assert path.suffix in CONFIG_SUFFIXES, f"{path}: not a config file lmctl knows"
     data = parse(path)

@@ -9,13 +9,14 @@ half, :func:`prepare_data`. Nothing in here knows which objective it runs beyond
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.data.prepared import cache_root
+from lmctl.data.sources import load_named_sources
 from lmctl.data.stream.sources import Readers
 from lmctl.fastpaths.allocator import keep_freed_blocks
 from lmctl.fastpaths.install import install_fast_paths
@@ -48,6 +49,10 @@ class PreparedData:
     eval_dataset: Dataset | None
     #: Seconds spent loading and preprocessing the data (not the tokenizer or model).
     data_seconds: float
+    #: Each validation source on its own, by name (``validation_sources``).
+    eval_sources: dict[str, Dataset] = field(default_factory=dict)
+    #: Records of each training source in the mixture, by name (``train_sources``).
+    mixture: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -68,6 +73,10 @@ class Prepared:
     eval_collator: Any
     #: Tokens per training sample when batches are grouped by length (else None).
     train_lengths: list[int] | None = None
+    #: Each validation source on its own, by name (see :class:`PreparedData`).
+    eval_sources: dict[str, Dataset] = field(default_factory=dict)
+    #: Records of each training source in the mixture, by name.
+    mixture: dict[str, int] = field(default_factory=dict)
 
 
 def prepare_data(
@@ -97,6 +106,7 @@ def prepare_data(
         objective.adapt_model_config(model_config, console)
     started = time.monotonic()
     text_options = objective.text_options(options)
+    mixture: dict[str, int] = {}
     raw: Any
     if data.streaming:
         from lmctl.data.stream.sources import load_sources
@@ -116,13 +126,29 @@ def prepare_data(
             records=objective.streams_records,
         )
     else:
+        check_records = partial(objective.check_records, options)
+        sourced = None
+        if data.train_sources or data.validation_sources:
+            sourced = load_named_sources(
+                data,
+                spec.access,
+                seed=loop.seed,
+                records=objective.streams_records,
+                text_options=text_options,
+                need_train=loop.do_train or spec.tokenizer.train_tokenizer is not None,
+                need_eval=loop.do_eval,
+                check=lambda dataset, where: check_records(dataset, where, None),
+                console=console,
+            )
+            mixture = sourced.mixture
         raw = load_raw(
             data,
             spec.access,
             do_train=loop.do_train,
             need_eval=loop.do_eval,
             text_options=text_options,
-            check_records=partial(objective.check_records, options),
+            check_records=check_records,
+            loaded=None if sourced is None else sourced.splits,
         )
     data_seconds = time.monotonic() - started
 
@@ -158,12 +184,19 @@ def prepare_data(
         processed = limit_samples(data, processed, console)
     data_seconds += time.monotonic() - started
     console.info(f"data ready in {data_seconds:.2f} s (loading and preprocessing)")
+    prefix = "validation_"
     return PreparedData(
         model_config=model_config,
         tokenizer=tokenizer,
         train_dataset=processed.get("train"),
         eval_dataset=processed.get("validation"),
         data_seconds=data_seconds,
+        eval_sources={
+            split.removeprefix(prefix): dataset
+            for split, dataset in processed.items()
+            if split.startswith(prefix)
+        },
+        mixture=mixture,
     )
 
 
@@ -230,4 +263,6 @@ def prepare(
             options, tokenizer, runtime.pad_multiple, spec.loop.seed
         ),
         train_lengths=lengths,
+        eval_sources=prepared.eval_sources,
+        mixture=prepared.mixture,
     )

@@ -44,6 +44,9 @@ SPECIAL_TOKENS = frozenset({"pad", "mask", "eos", "bos", "unk", "sep", "cls", "a
 MIN_MASKED_LENGTH = 6
 
 _WORD_SPLIT = re.compile(r"[^0-9a-zA-Z]+")
+#: A setting whose whole value is ``${NAME}`` names an environment variable: the reference is
+#: kept (a resumed run reads the variable again), the value it stands for is the secret.
+ENV_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 _registered: set[str] = set()
 
 
@@ -82,7 +85,7 @@ def _redacted(data: Any, drop: bool) -> Any:
     if isinstance(data, dict):
         out: dict[Any, Any] = {}
         for key, value in data.items():
-            if is_secret_key(key) and value is not None:
+            if is_secret_key(key) and value is not None and not is_env_reference(value):
                 if not drop:
                     out[key] = MASK
                 continue
@@ -106,13 +109,17 @@ def _masked_pair(match: re.Match[str]) -> str:
     return f"{name}{equals}{MASK}" if is_secret_key(name) else match.group(0)
 
 
+def is_env_reference(value: Any) -> bool:
+    return isinstance(value, str) and ENV_REFERENCE.match(value) is not None
+
+
 def secret_keys(data: Any, prefix: str = "") -> list[str]:
     """Dotted names of the secrets set in ``data`` (for saying what was left out)."""
     found: list[str] = []
     if isinstance(data, dict):
         for key, value in data.items():
             name = f"{prefix}{key}"
-            if is_secret_key(key) and value is not None:
+            if is_secret_key(key) and value is not None and not is_env_reference(value):
                 found.append(name)
             else:
                 found += secret_keys(value, name + ".")
@@ -135,7 +142,8 @@ def _secret_values(data: Any) -> Iterator[Any]:
     if isinstance(data, dict):
         for key, value in data.items():
             if is_secret_key(key) and not isinstance(value, (dict, list)):
-                yield value
+                if not is_env_reference(value):
+                    yield value
             else:
                 yield from _secret_values(value)
     elif isinstance(data, (list, tuple)):

@@ -32,6 +32,7 @@ from lmctl.config.fields import (
     option,
 )
 from lmctl.config.problems import ConfigProblems, Problems
+from lmctl.config.sources import DataSource
 from lmctl.config.values import (
     DEEPSPEED_STAGES,
     Dtype,
@@ -195,6 +196,15 @@ class TrainConfig(StrictModel):
         "order is shuffled with --seed too (0: read in order).",
         panel=PANEL_DATA,
         ge=0,
+    )
+    train_sources: list[DataSource] = option(
+        [], "Training sources mixed by weight (config file only).", panel=PANEL_DATA, cli=False
+    )
+    validation_sources: list[DataSource] = option(
+        [], "Evaluation sources, each also scored alone (config only).", panel=PANEL_DATA, cli=False
+    )
+    mix_stopping_strategy: Literal["first_exhausted", "all_exhausted"] = option(
+        "first_exhausted", "A mixture ends when one source, or all, run out.", panel=PANEL_DATA
     )
 
     # Training

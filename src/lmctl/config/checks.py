@@ -119,7 +119,14 @@ def check_data(
     data: DataSpec, tokenizer: TokenizerSpec, loop: LoopSpec, problems: Problems
 ) -> None:
     """Data to train and evaluate on, of a readable kind."""
-    no_data = data.dataset_name is None and data.train_file is None and data.validation_file is None
+    check_sources(data, problems)
+    no_data = (
+        data.dataset_name is None
+        and data.train_file is None
+        and data.validation_file is None
+        and not data.train_sources
+        and not data.validation_sources
+    )
     if no_data:
         problems.add(
             "no data: give --dataset-name or --train-file/--validation-file",
@@ -157,12 +164,70 @@ def check_data(
             "--train-file and --validation-file must have the same file type",
             "convert one of them so both are txt, csv, json/jsonl or parquet",
         )
-    no_train_data = data.train_file is None and not data.dataset_name
+    no_train_data = data.train_file is None and not data.dataset_name and not data.train_sources
     # With no data at all, the one "no data" problem above says it all.
     if not no_data and loop.do_train and no_train_data:
         problems.add("--do-train needs training data", "give --train-file or --dataset-name")
     if not no_data and tokenizer.train_tokenizer is not None and no_train_data:
         problems.add("--train-tokenizer needs training data to learn from", "give --train-file")
+
+
+def check_sources(data: DataSpec, problems: Problems) -> None:
+    """Named sources: unique names, files of a readable kind, weights for training only, and
+    not beside the single-source flags of the same split."""
+    for field_name, sources in (
+        ("train_sources", data.train_sources),
+        ("validation_sources", data.validation_sources),
+    ):
+        seen: set[str] = set()
+        for index, source in enumerate(sources):
+            where = f"{field_name}[{index}]"
+            if source.name in seen:
+                problems.add(
+                    f"{where}.name: '{source.name}' names another source of {field_name} too",
+                    "give every source its own name (it is part of the metric names)",
+                )
+            seen.add(source.name)
+            if source.file is not None:
+                ext = data_extension(source.file)
+                if ext not in DATA_EXTENSIONS:
+                    problems.add(
+                        f"{where}.file {source.file}: unsupported file type '.{ext}'",
+                        "use a " + ", ".join(DATA_EXTENSIONS) + " file",
+                    )
+                elif not is_remote(source.file) and not matching_files(source.file):
+                    problems.add(
+                        f"{where}.file {source.file}: "
+                        + ("no file matches" if has_glob(source.file) else "no such file"),
+                        "check the path (relative paths start from the current directory)",
+                    )
+            if field_name == "validation_sources" and source.weight is not None:
+                problems.add(
+                    f"{where}.weight: validation sources are not mixed, each is evaluated whole",
+                    "drop the weight",
+                )
+    weighted = [source.weight is not None for source in data.train_sources]
+    if any(weighted) and not all(weighted):
+        problems.add(
+            "train_sources: some sources have a weight and others not",
+            "give every training source a weight, or none (equal shares)",
+        )
+    if data.train_sources and (data.train_file is not None or data.dataset_name is not None):
+        problems.add(
+            "train_sources and --train-file/--dataset-name both name the training data",
+            "add the file or dataset to train_sources as one more source",
+        )
+    if data.validation_sources and data.validation_file is not None:
+        problems.add(
+            "validation_sources and --validation-file both name the evaluation data",
+            "add the file to validation_sources as one more source",
+        )
+    if data.streaming and (data.train_sources or data.validation_sources):
+        problems.add(
+            "train_sources and validation_sources do not stream yet: a streamed mixture could "
+            "not resume exactly",
+            "drop --streaming (the sources are read into datasets and prepared as usual)",
+        )
 
 
 def check_streaming(data: DataSpec, loop: LoopSpec, problems: Problems) -> None:

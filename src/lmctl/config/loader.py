@@ -214,6 +214,13 @@ def _error_items(exc: ValidationError, sources: dict[str, str]) -> list[tuple[st
             continue
         field = str(error["loc"][0]) if error["loc"] else ""
         where = sources.get(field, flag_name(field) if field else "config")
+        inner = "".join(
+            f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"][1:]
+        )
+        if inner:
+            # A key inside a list of settings (train_sources[1].weight) is named whole.
+            named = f"'{field}'"
+            where = where.replace(named, f"'{field}{inner}'") if named in where else where + inner
         value = error.get("input")
         secret = any(secrets.is_secret_key(str(part)) for part in error["loc"])
         shown = "" if isinstance(value, dict) or secret else f" (got {_shortened(repr(value))})"

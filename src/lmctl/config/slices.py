@@ -21,6 +21,8 @@ from lmctl import secrets
 if TYPE_CHECKING:
     from pydantic import SecretStr
 
+    from lmctl.config.sources import DataSource
+
 Slice = TypeVar("Slice")
 
 #: Fields that only the document keeps: spellings that the validators turn into others.
@@ -103,9 +105,19 @@ class DataSpec:
     prepared_cache_dir: str | None
     streaming: bool
     shuffle_buffer_size: int
+    train_sources: list[DataSource]
+    validation_sources: list[DataSource]
+    mix_stopping_strategy: str
 
     def source(self, split: str) -> str:
         """How the user named the data of a split, for messages."""
+        if split.startswith("validation_") and self.validation_sources:
+            return f"validation source {split.removeprefix('validation_')}"
+        named = self.train_sources if split == "train" else self.validation_sources
+        if named:
+            return f"{split}_sources ({', '.join(source.name for source in named)})"
+        if split == "validation" and self.train_sources and self.validation_file is None:
+            return "train_sources (held-out validation part)"
         path = self.train_file if split == "train" else self.validation_file
         if path is None and split == "validation" and self.train_file is not None:
             return f"{self.train_file} (held-out validation part)"

@@ -48,16 +48,23 @@ def load_raw(
     need_eval: bool,
     text_options: dict[str, Any],
     check_records: RecordCheck | None = None,
+    loaded: dict[str, Any] | None = None,
 ) -> DatasetDict:
-    """Load the user's data as ``train``/``validation`` splits."""
+    """Load the user's data as ``train``/``validation`` splits. ``loaded``: the splits of named
+    sources (:func:`lmctl.data.sources.load_named_sources`, each source checked as it was
+    read), which then go through the same checks and hold-out as files."""
     import datasets
 
     files = data_files(data)
-    if data.dataset_name is not None:
-        raw = _load_hub_dataset(data, access)
+    if loaded is not None:
+        raw = loaded
+        source = {split: data.source(split) for split in loaded}
+        check_records = None
+    elif data.dataset_name is not None:
+        raw = load_hub_dataset(data.dataset_name, data.dataset_config_name, access)
         source = {"train": f"--dataset-name {data.dataset_name}"}
     else:
-        raw = _load_files(files, text_options, access.cache_dir)
+        raw = load_files(files, text_options, access.cache_dir)
         source = files
     if check_records is not None:
         for split in ("train", "validation"):
@@ -78,7 +85,11 @@ def load_raw(
             "give a validation file with at least one record, or --no-eval",
         )
     return datasets.DatasetDict(
-        {split: dataset for split, dataset in raw.items() if split in ("train", "validation")}
+        {
+            split: dataset
+            for split, dataset in raw.items()
+            if split in ("train", "validation") or split.startswith("validation_")
+        }
     )
 
 
@@ -109,7 +120,8 @@ def limit_samples(data: DataSpec, splits: Any, console: Console) -> Any:
     return datasets.DatasetDict(out)
 
 
-def _load_files(files: dict[str, str], text_options: dict[str, Any], cache_dir: str | None) -> Any:
+def load_files(files: dict[str, str], text_options: dict[str, Any], cache_dir: str | None) -> Any:
+    """The data files of each split (``files``: split -> path, glob or URL), all of one type."""
     import datasets
 
     local_files = {split: _localize(path, f"--{split}-file") for split, path in files.items()}
@@ -181,18 +193,17 @@ def _root_cause(exc: BaseException) -> str:
     return text[0][:200] if text else type(exc).__name__
 
 
-def _load_hub_dataset(data: DataSpec, access: Access) -> Any:
+def load_hub_dataset(name: str, config: str | None, access: Access) -> Any:
+    """Every split of the Hub dataset ``name`` (or a local dataset directory)."""
     import datasets
 
-    name = data.dataset_name
-    assert name is not None
     local = Path(name).expanduser()
     if not local.exists() and not hub.offline_mode():
         hub.require_hub(f"--dataset-name {name}")
     try:
         return datasets.load_dataset(
             name,
-            data.dataset_config_name,
+            config,
             cache_dir=access.cache_dir,
             token=access.token_value(),
             trust_remote_code=access.trust_remote_code or None,

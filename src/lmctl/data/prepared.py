@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmctl import __version__
 from lmctl.data.load import tokenizer_fingerprint
+from lmctl.data.sources import sources_identity
 from lmctl.storage import paths
 from lmctl.storage.atomic import atomic_dir
 from lmctl.storage.paths import has_glob, is_remote, local_path, matching_files
@@ -104,10 +105,25 @@ def _remote_identity(path: str) -> dict[str, Any]:
     return {"path": path, "size": info.get("size"), **version}
 
 
-def split_identity(data: DataSpec, split: str, dataset: Dataset, held_out: bool) -> dict[str, Any]:
+def split_identity(
+    data: DataSpec, split: str, dataset: Dataset, held_out: bool
+) -> dict[str, Any] | None:
     """What the raw records of ``split`` are, without reading them (``held_out``: the
-    validation split was cut from the training file)."""
+    validation split was cut from the training data); None when they cannot be known without
+    reading them (a reader without a version), so the split is prepared again each run."""
     identity: dict[str, Any] = {"text_column": data.text_column}
+    sourced = sources_identity(data, split)
+    if sourced is None:
+        return None
+    if sourced:
+        for entry in sourced["sources"]:
+            if "file" in entry:
+                entry["file"] = file_identity(entry["file"])
+        # The mixture's draw (weights, --seed) is in the fingerprint of the mixed records.
+        identity.update(sourced, fingerprint=dataset._fingerprint)
+        if held_out:
+            identity["held_out"] = {"part": split, "percent": data.validation_split_percentage}
+        return identity
     if data.dataset_name is not None:
         identity["dataset"] = {
             "name": data.dataset_name,
@@ -149,11 +165,14 @@ def prepared_splits(
     root = cache_root(data)
     tokenizer_hash = tokenizer_fingerprint(tokenizer)
     # File data without a validation file has a validation split only when it was held out.
-    held_out = data.validation_file is None and "validation" in raw
+    held_out = data.validation_file is None and not data.validation_sources and "validation" in raw
     out = {}
     reused = []
     for split, dataset in raw.items():
         identity = split_identity(data, split, dataset, held_out)
+        if identity is None:
+            out[split] = _build_uncached(split, dataset, build)
+            continue
         manifest = {
             "data": {**identity, "read_options": text_options},
             "tokenizer": tokenizer_hash,
@@ -245,6 +264,17 @@ def _build_locked(
     loaded = _load(directory, manifest)
     assert loaded is not None
     return loaded
+
+
+def _build_uncached(split: str, dataset: Dataset, build: Builder) -> Dataset:
+    """A split whose records cannot be keyed, prepared into a folder of this process only."""
+    from datasets import Dataset
+
+    from lmctl.data.sources import run_folder
+
+    path = Path(run_folder()) / DATA_FILE
+    build(split, dataset, path)
+    return Dataset.from_file(str(path))
 
 
 def _built_by_other_process(directory: Path) -> bool:

@@ -40,6 +40,7 @@ from lmctl.run.lifecycle import (
     EngineResult,
     NonFiniteLoss,
     end_processes,
+    evaluate_sources,
     length_sampler,
     save_checkpoint,
     save_final_model,
@@ -179,6 +180,7 @@ class AccelerateRun:
             result.eval_metrics = dict(done[1]) if done and at_end else self.evaluate()
             size = _length(self.prepared.eval_dataset)  # a stream has none: count what was seen
             result.eval_metrics["eval_samples"] = size if size is not None else self._eval_count
+            result.eval_metrics.update(evaluate_sources(self.prepared, self.evaluate))
         if loop.do_train and self.is_main:
             history.write_state(self.state, self.run_dir)
         elif self.is_main:
@@ -419,9 +421,9 @@ class AccelerateRun:
         return self.record.log(metrics)
 
     # Evaluation ------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, Any]:
-        """Eval loss (mean over samples) and the objective's metrics, in the one evaluation
-        loop (:mod:`lmctl.evaluation.loop`), scored as ``training_scorer`` decides."""
+    def evaluate(self, dataset: Any = None, prefix: str = "eval") -> dict[str, Any]:
+        """Eval loss and the objective's metrics of ``dataset`` (default: the validation split)
+        under ``prefix``, in the one loop (:mod:`lmctl.evaluation.loop`), as scored there."""
         from transformers.trainer_utils import speed_metrics
 
         acc, objective = self.accelerator, self.prepared.objective
@@ -429,22 +431,24 @@ class AccelerateRun:
         score = training_scorer(acc, self.model, objective, metrics, is_main=self.is_main)
         start = time.time()
         self.model.eval()
-        steps = _length(self.eval_loader)
+        loader = self.eval_loader if dataset is None else self._loader(dataset, train=False)
+        loader = loader if dataset is None else acc.prepare(loader)
+        steps = _length(loader)
         tally = evaluation_loop(
-            self._even(self.eval_loader), score, lambda step: self.reporter.eval_step(step, steps)
+            self._even(loader), score, lambda step: self.reporter.eval_step(step, steps)
         )
         self._eval_count = count = tally.samples
         self.reporter.end_eval(count)
         self.model.train()
-        results: dict[str, Any] = {"eval_loss": tally.loss}
+        results: dict[str, Any] = {f"{prefix}_loss": tally.loss}
         if self.is_main:
-            results.update({f"eval_{key}": value for key, value in metrics.compute().items()})
+            results.update({f"{prefix}_{key}": value for key, value in metrics.compute().items()})
         if self._preparation_time is not None:
             results["eval_model_preparation_time"] = self._preparation_time
         total_batch = self.loop.per_device_eval_batch_size * acc.num_processes
         results.update(
             speed_metrics(
-                "eval", start, num_samples=count, num_steps=math.ceil(count / total_batch)
+                prefix, start, num_samples=count, num_steps=math.ceil(count / total_batch)
             )
         )
         return self.record.log(results)

@@ -12,7 +12,7 @@ from lmctl.data.stream.positions import StreamCursor, StreamRecord, stream_curso
 from lmctl.data.tokens import forked_workers
 from lmctl.engine.optim import place_schedule, record_schedule_start, schedule_start
 from lmctl.engine.sharding import trainer_options
-from lmctl.engine.trainer_eval import in_memory_evaluation
+from lmctl.engine.trainer_eval import final_figures, in_memory_evaluation
 from lmctl.errors import ConfigError
 from lmctl.objectives.collate import SeededCollator
 from lmctl.run import checkpoints, history, rundir
@@ -593,7 +593,7 @@ def _train_and_evaluate(
             result.eval_metrics = dict(done[1])
         else:
             result.eval_metrics = trainer.evaluate()
-        result.eval_metrics["eval_samples"] = trainer.eval_samples
+        result.eval_metrics.update(final_figures(trainer, prepared))
         if not loop.do_train and trainer.is_world_process_zero():
             checkpoints.save_tokenizer(prepared.tokenizer, run_dir)
     result.global_step = trainer.state.global_step

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lmctl.evaluation.loop import evaluation_loop, scores_in_memory, training_scorer
+from lmctl.run.lifecycle import evaluate_sources
 
 if TYPE_CHECKING:
     from lmctl.objectives.base import Objective
@@ -48,3 +49,15 @@ def in_memory_evaluation(
     results = {f"{prefix}_loss": tally.loss}
     results.update({f"{prefix}_{key}": value for key, value in metrics.compute().items()})
     return EvalLoopOutput(None, None, results, tally.samples)  # type: ignore[arg-type]
+
+
+def final_figures(trainer: Any, prepared: Any) -> dict[str, Any]:
+    """``eval_samples`` of the evaluation just made, then each validation source evaluated on
+    its own (:func:`lmctl.run.lifecycle.evaluate_sources`)."""
+    samples = trainer.eval_samples
+
+    def evaluate(dataset: Any, prefix: str) -> dict[str, Any]:
+        metrics: dict[str, Any] = trainer.evaluate(eval_dataset=dataset, metric_key_prefix=prefix)
+        return metrics
+
+    return {"eval_samples": samples, **evaluate_sources(prepared, evaluate)}

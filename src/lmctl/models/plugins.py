@@ -61,9 +61,12 @@ def _announce(console: Console, key: str, text: str) -> None:
         console.info(f"custom architectures: {text}")
 
 
-def import_user_module(name: str) -> ModuleType:
+def import_user_module(name: str, *, where: str | None = None) -> ModuleType:
+    """The module ``name`` (a module name or a ``.py`` file); ``where`` is how messages name
+    it (default ``--import NAME``)."""
+    where = where or f"--import {name}"
     if is_file_module(name):
-        return _import_file(name)
+        return _import_file(name, where)
     cwd = str(Path.cwd())
     if cwd not in sys.path:
         # The console script does not put the working directory on the path; python -m does.
@@ -73,26 +76,26 @@ def import_user_module(name: str) -> ModuleType:
     except ModuleNotFoundError as exc:
         if exc.name is not None and name.startswith(exc.name):
             raise ConfigError(
-                f"--import {name}: no module named '{exc.name}'",
+                f"{where}: no module named '{exc.name}'",
                 "give a module importable from the current directory or the Python path, "
                 "or the path of a .py file",
             ) from exc
-        raise _failed(f"--import {name}", exc, _FIX_MODULE) from exc
+        raise _failed(where, exc, _FIX_MODULE) from exc
     except Exception as exc:
-        raise _failed(f"--import {name}", exc, _FIX_MODULE) from exc
+        raise _failed(where, exc, _FIX_MODULE) from exc
 
 
-def _import_file(name: str) -> ModuleType:
+def _import_file(name: str, where: str) -> ModuleType:
     path = Path(name).expanduser().resolve()
     if not path.is_file():
-        raise ConfigError(f"--import {name}: no such file", "check the path of the .py file")
+        raise ConfigError(f"{where}: no such file", "check the path of the .py file")
     module_name = path.stem
     existing = sys.modules.get(module_name)
     if existing is not None and getattr(existing, "__file__", None) == str(path):
         return existing
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        raise ConfigError(f"--import {name}: not a Python module", "give a .py file")
+        raise ConfigError(f"{where}: not a Python module", "give a .py file")
     module = importlib.util.module_from_spec(spec)
     # Registered so that pickling, dataloader workers and relative lookups find it by name.
     sys.modules[module_name] = module
@@ -102,7 +105,7 @@ def _import_file(name: str) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[module_name]
-        raise _failed(f"--import {name}", exc, _FIX_MODULE) from exc
+        raise _failed(where, exc, _FIX_MODULE) from exc
     return module
 
 

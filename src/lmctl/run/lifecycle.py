@@ -51,6 +51,38 @@ class EngineResult:
     checkpoint: Path | None = None
 
 
+def evaluate_sources(
+    prepared: Any, evaluate: Callable[[Any, str], dict[str, Any]]
+) -> dict[str, Any]:
+    """Each validation source of ``prepared`` (``eval_sources``) evaluated on its own by the
+    engine's ``evaluate(dataset, prefix)``: ``eval_<name>_loss``, ``eval_<name>_perplexity``
+    and the objective's metrics (``eval_<name>_accuracy``), rounded as the overall figures."""
+    with_perplexity = prepared.objective.reports_perplexity
+    out: dict[str, Any] = {}
+    for name, dataset in prepared.eval_sources.items():
+        prefix = f"eval_{name}"
+        metrics = evaluate(dataset, prefix)
+        figures = loss_metrics(metrics[f"{prefix}_loss"], with_perplexity=with_perplexity)
+        out[f"{prefix}_loss"] = figures["eval_loss"]
+        if "perplexity" in figures:
+            out[f"{prefix}_perplexity"] = figures["perplexity"]
+        for key, value in metrics.items():
+            if key.startswith(f"{prefix}_") and key.split(f"{prefix}_", 1)[1] in ("accuracy",):
+                out[key] = value
+    return out
+
+
+def mixture_figures(mixture: dict[str, int]) -> dict[str, Any]:
+    """The training mixture as trained on: ``train_<name>_records`` and ``train_<name>_share``
+    of each source."""
+    total = sum(mixture.values()) or 1
+    out: dict[str, Any] = {}
+    for name, count in mixture.items():
+        out[f"train_{name}_records"] = count
+        out[f"train_{name}_share"] = round(count / total, 4)
+    return out
+
+
 def length_sampler(lengths: list[int] | None, window: int, seed: int) -> Any:
     """Batches of similar length over ``window`` samples at a time (None: no grouping)."""
     if lengths is None:

@@ -1,0 +1,531 @@
+"""Named sources of records (``train_sources``, ``validation_sources``): readers, files and Hub
+datasets, mixed by weight for training and kept apart for evaluation.
+
+A reader is the user's generator function. It is called as ``datasets`` calls the generator
+of ``from_generator``: every list-valued argument is a shard list, scalars are bound for every
+call. lmctl calls it once per shard (each list argument cut to the one item of that shard), so
+that an error names the shard it happened in; ``IterableDataset.from_generator`` with the
+shard lists as ``gen_kwargs``, then ``split_dataset_by_node``, gives every distributed rank and
+every dataloader worker its own shards (:func:`reader_stream`). ``${NAME}`` strings in the
+arguments are read from the environment only when the reader runs, in the process that runs
+it, and registered as secrets: the value is never in the config, the log, the card or the
+cache keys.
+
+A map-style run reads a reader into a ``Dataset`` (:func:`reader_dataset`). ``datasets``
+caches it only when the reader declares a version (a ``version`` attribute of the function):
+lmctl cannot tell whether a table changed, so without one it reads the reader again each run
+(into a temporary folder) and says so. Several training sources are mixed by
+``interleave_datasets`` with the weights as probabilities, drawn from ``--seed``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+from lmctl import secrets
+from lmctl.config.sources import env_references
+from lmctl.errors import ConfigError, DataError, LmctlError
+from lmctl.secrets import ENV_REFERENCE
+
+if TYPE_CHECKING:
+    from datasets import Dataset, IterableDataset
+
+    from lmctl.config.slices import Access, DataSpec
+    from lmctl.config.sources import DataSource
+    from lmctl.console import Console
+
+ENTRY_POINT_GROUP = "lmctl.sources"
+#: How much of a record a message quotes.
+QUOTED_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Reader:
+    """A source's generator function, resolved and checked against its arguments."""
+
+    name: str
+    where: str
+    function: Callable[..., Any]
+    #: The arguments as the config gives them (``${NAME}`` unresolved).
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def version(self) -> str | None:
+        value = getattr(self.function, "version", None)
+        return None if value is None else str(value)
+
+    @property
+    def shard_args(self) -> dict[str, list[Any]]:
+        return {key: value for key, value in self.args.items() if isinstance(value, list)}
+
+    @property
+    def bound_args(self) -> dict[str, Any]:
+        return {key: value for key, value in self.args.items() if not isinstance(value, list)}
+
+    def identity(self) -> dict[str, Any] | None:
+        """What the reader reads, for cache keys: None when it declares no version."""
+        version = self.version
+        if version is None:
+            return None
+        module = getattr(self.function, "__module__", "")
+        qualified = getattr(self.function, "__qualname__", repr(self.function))
+        return {"reader": f"{module}:{qualified}", "version": version, "args": self.args}
+
+
+def resolve_reader(source: DataSource, where: str) -> Reader:
+    """Import the reader of ``source`` and check its arguments against its signature (a
+    ConfigError, exit 2, before any data is read)."""
+    assert source.reader is not None
+    function = _import_reader(source.reader, where)
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**source.args)
+        except TypeError as exc:
+            accepted = ", ".join(signature.parameters) or "none"
+            raise ConfigError(
+                f"{where}: the args do not fit {source.reader}{signature} ({exc})",
+                f"give the arguments it takes (its parameters: {accepted})",
+            ) from None
+    missing = sorted({name for name in env_references(source.args) if name not in os.environ})
+    if missing:
+        raise ConfigError(
+            f"{where}.args: environment variable {', '.join(missing)} is not set",
+            f"export {missing[0]}=... before the run (its value is never written)",
+        )
+    return Reader(source.name, where, function, dict(source.args))
+
+
+def _import_reader(name: str, where: str) -> Callable[..., Any]:
+    from lmctl.models.plugins import import_user_module
+
+    module_name, _, attribute = name.rpartition(":")
+    if not module_name:
+        return _entry_point_reader(name, where)
+    try:
+        module = import_user_module(module_name, where=f"{where}.reader {name}")
+    except LmctlError as exc:
+        raise ConfigError(exc.message, exc.hint) from None
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise ConfigError(
+            f"{where}.reader {name}: {module_name} has no function '{attribute}'",
+            "name a generator function defined in that module",
+        )
+    return function
+
+
+def _entry_point_reader(name: str, where: str) -> Callable[..., Any]:
+    found = [point for point in entry_points(group=ENTRY_POINT_GROUP) if point.name == name]
+    if not found:
+        raise ConfigError(
+            f"{where}.reader {name}: no entry point of that name in the group {ENTRY_POINT_GROUP}",
+            "write module:function or path/to/file.py:function, or install the package "
+            "that declares it",
+        )
+    try:
+        function = found[0].load()
+    except Exception as exc:
+        raise ConfigError(
+            f"{where}.reader {name}: importing {found[0].value} failed "
+            f"({type(exc).__name__}: {str(exc)[:200]})",
+            "fix the package that declares it (LMCTL_DEBUG=1 shows the traceback)",
+        ) from exc
+    if not callable(function):
+        raise ConfigError(f"{where}.reader {name}: {found[0].value} is not a function", "fix it")
+    return function
+
+
+def resolved(value: Any) -> Any:
+    """``value`` with every ``${NAME}`` string read from the environment (and registered as a
+    secret, so that no printed line shows it)."""
+    if isinstance(value, str):
+        match = ENV_REFERENCE.match(value)
+        if match is None:
+            return value
+        secret = os.environ.get(match.group(1))
+        if secret is None:
+            raise ConfigError(
+                f"environment variable {match.group(1)} is not set",
+                f"export {match.group(1)}=... before the run",
+            )
+        secrets.register(secret)
+        return secret
+    if isinstance(value, dict):
+        return {key: resolved(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [resolved(item) for item in value]
+    return value
+
+
+def read_shards(reader: Reader, **shards: list[Any]) -> Iterator[dict[str, Any]]:
+    """The records of ``shards`` (the shard lists ``datasets`` gave this reader), one shard
+    at a time; each record checked to be a mapping with the columns of the first."""
+    bound = resolved(reader.bound_args)
+    count = len(next(iter(shards.values()))) if shards else 1
+    columns: list[str] | None = None
+    for index in range(count):
+        one = {key: values[index : index + 1] for key, values in shards.items()}
+        shown = ", ".join(f"{key}={values}" for key, values in one.items()) or "its one call"
+        try:
+            records = reader.function(**bound, **resolved(one))
+            for record in records:
+                columns = _checked(record, columns, reader, shown)
+                yield record
+        except LmctlError:
+            raise
+        except Exception as exc:
+            detail = secrets.mask_text(str(exc).strip().splitlines()[0][:300]) if str(exc) else ""
+            raise DataError(
+                f"{reader.where}: the reader {reader.name} raised on shard {shown}: "
+                f"{type(exc).__name__}" + (f": {detail}" if detail else ""),
+                "fix the reader or its data (LMCTL_DEBUG=1 shows the traceback)",
+            ) from exc
+
+
+def _checked(record: Any, columns: list[str] | None, reader: Reader, shard: str) -> list[str]:
+    if not isinstance(record, dict):
+        raise DataError(
+            f"{reader.where}: the reader yielded a {type(record).__name__}, not a record "
+            f"(shard {shard}): {_quoted(record)}",
+            'yield dicts, e.g. {"text": "..."}',
+        )
+    if columns is None:
+        return list(record)
+    missing = [name for name in columns if name not in record]
+    if missing:
+        raise DataError(
+            f"{reader.where}: a record without column {', '.join(repr(m) for m in missing)} "
+            f"(shard {shard}): {_quoted(record)}",
+            f"every record needs the columns of the first: {', '.join(columns)}",
+        )
+    return columns
+
+
+def _quoted(record: Any) -> str:
+    text = secrets.mask_text(repr(record))
+    return text if len(text) <= QUOTED_CHARS else text[:QUOTED_CHARS] + "..."
+
+
+def reader_dataset(reader: Reader, console_note: Callable[[str], None]) -> Dataset:
+    """The reader's records as a map-style ``Dataset``: cached by ``datasets`` under the
+    reader's version, else read again into a folder of this run."""
+    import datasets
+
+    identity = reader.identity()
+    kwargs: dict[str, Any] = {}
+    if identity is None:
+        console_note(
+            f"source {reader.name}: the reader declares no version, so it is read again each "
+            "run and its data is not cached (set a 'version' attribute on the function to "
+            "cache it)"
+        )
+        kwargs["cache_dir"] = run_folder()
+        kwargs["fingerprint"] = uuid.uuid4().hex
+    else:
+        from lmctl.data.load import fingerprint
+
+        kwargs["fingerprint"] = fingerprint("reader", identity)
+    try:
+        return datasets.Dataset.from_generator(
+            read_shards, gen_kwargs={"reader": reader, **reader.shard_args}, **kwargs
+        )
+    except Exception as exc:
+        raise _unwrapped(exc, reader) from exc
+
+
+def reader_stream(reader: Reader, rank: int = 0, world_size: int = 1) -> IterableDataset:
+    """The reader's records as a stream whose shard lists ``datasets`` splits between the
+    ``world_size`` ranks (this one is ``rank``) and then between each rank's dataloader
+    workers: no shard is read twice, none is missed."""
+    import datasets
+    from datasets.distributed import split_dataset_by_node
+
+    stream = datasets.IterableDataset.from_generator(
+        read_shards, gen_kwargs={"reader": reader, **reader.shard_args}
+    )
+    if world_size > 1:
+        stream = split_dataset_by_node(stream, rank=rank, world_size=world_size)
+    return stream
+
+
+def _unwrapped(exc: BaseException, reader: Reader) -> LmctlError:
+    """The lmctl error inside a ``datasets`` generation error, or one naming the reader."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, LmctlError):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return DataError(
+        f"{reader.where}: reading {reader.name} failed ({type(exc).__name__}: "
+        f"{secrets.mask_text(str(exc))[:300]})",
+        "check that the reader yields records of one shape (LMCTL_DEBUG=1 shows the traceback)",
+    )
+
+
+_folders: list[str] = []
+
+
+def run_folder() -> str:
+    """A folder for data that this process reads and nothing may reuse; removed at exit."""
+    folder = tempfile.mkdtemp(prefix="lmctl-reader-")
+    if not _folders:
+        atexit.register(_remove_folders)
+    _folders.append(folder)
+    return folder
+
+
+def _remove_folders() -> None:
+    for folder in _folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def mixture_weights(sources: list[DataSource]) -> list[float]:
+    """The probabilities of the training mixture: the weights, normalised (equal when none
+    is given)."""
+    weights = [source.weight if source.weight is not None else 1.0 for source in sources]
+    total = sum(weights)
+    return [weight / total for weight in weights]
+
+
+def mix(datasets_: list[Any], weights: list[float], *, seed: int, stopping_strategy: str) -> Any:
+    """One dataset (or stream) drawing from each of ``datasets_`` with the probability of its
+    weight, from ``seed``."""
+    import datasets
+
+    if len(datasets_) == 1:
+        return datasets_[0]
+    return datasets.interleave_datasets(
+        datasets_,
+        probabilities=weights,
+        seed=seed,
+        stopping_strategy=stopping_strategy,
+    )
+
+
+def mixture_counts(
+    lengths: list[int], weights: list[float], *, seed: int, stopping_strategy: str
+) -> list[int]:
+    """How many records of each source a map-style mixture of sources of ``lengths`` holds:
+    the same draw as :func:`mix`, made over the source numbers alone."""
+    import datasets
+    import numpy as np
+
+    if len(lengths) == 1:
+        return list(lengths)
+    numbers = [
+        datasets.Dataset.from_dict({"source": [index] * length})
+        for index, length in enumerate(lengths)
+    ]
+    mixed = mix(numbers, weights, seed=seed, stopping_strategy=stopping_strategy)
+    counts = np.bincount(np.asarray(mixed["source"], dtype=np.int64), minlength=len(lengths))
+    return [int(count) for count in counts]
+
+
+def source_where(field_name: str, index: int, source: DataSource) -> str:
+    return f"{field_name}[{index}] ({source.name})"
+
+
+def is_cacheable(source: DataSource, where: str) -> bool:
+    """Whether the records of ``source`` can be keyed without reading them: a file, a Hub
+    dataset, or a reader that declares a version."""
+    if source.reader is None:
+        return True
+    return getattr(_import_reader(source.reader, where), "version", None) is not None
+
+
+def load_source(
+    source: DataSource,
+    where: str,
+    access: Access,
+    *,
+    text_options: dict[str, Any],
+    console: Console,
+    split: str = "train",
+) -> Dataset:
+    """The records of one source: a reader read into a Dataset, a data file, or the
+    ``split`` split of a Hub dataset."""
+    from lmctl.data.load import load_files, load_hub_dataset
+
+    if source.reader is not None:
+        return reader_dataset(resolve_reader(source, where), console.info)
+    if source.file is not None:
+        return load_files({"train": source.file}, text_options, access.cache_dir)["train"]
+    assert source.dataset is not None
+    splits = load_hub_dataset(source.dataset, source.config, access)
+    if split not in splits:
+        raise DataError(
+            f"{where}: the dataset {source.dataset} has no '{split}' split "
+            f"(it has {', '.join(splits)})",
+            "name a dataset with that split, or a file",
+        )
+    return splits[split]
+
+
+def normalised(dataset: Dataset, column: str | None, where: str, *, records: bool) -> Dataset:
+    """A text source reduced to its text column (``column``, else ``text``, else its first),
+    named ``column or 'text'``, so that sources of different shapes mix; a source of records
+    (multiple choice) is kept whole."""
+    from datasets import Value
+
+    from lmctl.data.load import text_column
+
+    if records:
+        return dataset
+    chosen = text_column(dataset, column, where)
+    target = column or "text"
+    dataset = dataset.select_columns([chosen])
+    if chosen != target:
+        dataset = dataset.rename_column(chosen, target)
+    return dataset.cast_column(target, Value("string"))
+
+
+@dataclass
+class SourcedSplits:
+    """The raw splits of a run with named sources, and what its training mixture holds."""
+
+    splits: dict[str, Any]
+    #: Source name -> records of it in the training mixture (empty without train_sources).
+    mixture: dict[str, int]
+
+
+def load_named_sources(
+    data: DataSpec,
+    access: Access,
+    *,
+    seed: int,
+    records: bool,
+    text_options: dict[str, Any],
+    need_train: bool,
+    need_eval: bool,
+    check: Callable[[Dataset, str], None] | None,
+    console: Console,
+) -> SourcedSplits:
+    """``train`` (the weighted mixture of ``train_sources``), ``validation`` (every
+    validation source) and ``validation_<name>`` (each on its own); splits that the config
+    gives as ``--train-file``/``--validation-file``/``--dataset-name`` are loaded as usual.
+    Every reader is imported and checked first, before any data is read."""
+    import datasets
+
+    from lmctl.data.load import load_files, load_hub_dataset
+
+    for field_name, sources in (
+        ("train_sources", data.train_sources),
+        ("validation_sources", data.validation_sources),
+    ):
+        for index, source in enumerate(sources):
+            if source.reader is not None:
+                resolve_reader(source, source_where(field_name, index, source))
+
+    def loaded(field_name: str, index: int, source: DataSource, split: str) -> Dataset:
+        where = source_where(field_name, index, source)
+        dataset = load_source(
+            source, where, access, text_options=text_options, console=console, split=split
+        )
+        if check is not None:
+            check(dataset, where)
+        if len(dataset) == 0:
+            raise DataError(f"{where}: no records", "give a source with at least one record")
+        return normalised(dataset, data.text_column, where, records=records)
+
+    splits: dict[str, Any] = {}
+    mixture: dict[str, int] = {}
+    if data.train_sources and need_train:
+        parts = [
+            loaded("train_sources", index, source, "train")
+            for index, source in enumerate(data.train_sources)
+        ]
+        weights = mixture_weights(data.train_sources)
+        console.info(
+            "training mixture: "
+            + "; ".join(
+                f"{source.shown()} weight {weight:.3g}"
+                for source, weight in zip(data.train_sources, weights, strict=True)
+            )
+            + f" (drawn from --seed {seed}, {data.mix_stopping_strategy})"
+        )
+        strategy = data.mix_stopping_strategy
+        try:
+            splits["train"] = mix(parts, weights, seed=seed, stopping_strategy=strategy)
+        except ValueError as exc:
+            raise DataError(
+                f"train_sources: the sources cannot be mixed ({str(exc).splitlines()[0][:300]})",
+                "give sources with the same columns",
+            ) from exc
+        counts = mixture_counts(
+            [len(part) for part in parts], weights, seed=seed, stopping_strategy=strategy
+        )
+        mixture = {
+            source.name: count for source, count in zip(data.train_sources, counts, strict=True)
+        }
+        total = sum(counts)
+        console.info(
+            f"training mixture: {total} records: "
+            + ", ".join(f"{name} {count} ({count / total:.1%})" for name, count in mixture.items())
+        )
+    elif need_train and data.dataset_name is not None:
+        splits["train"] = load_hub_dataset(data.dataset_name, data.dataset_config_name, access)[
+            "train"
+        ]
+    elif need_train and data.train_file is not None:
+        splits["train"] = load_files({"train": data.train_file}, text_options, access.cache_dir)[
+            "train"
+        ]
+    if data.validation_sources and need_eval:
+        each = {
+            source.name: loaded("validation_sources", index, source, "validation")
+            for index, source in enumerate(data.validation_sources)
+        }
+        splits["validation"] = datasets.concatenate_datasets(list(each.values()))
+        for name, dataset in each.items():
+            splits[f"validation_{name}"] = dataset
+    elif need_eval and data.validation_file is not None:
+        splits["validation"] = load_files(
+            {"validation": data.validation_file}, text_options, access.cache_dir
+        )["validation"]
+    return SourcedSplits(splits, mixture)
+
+
+def source_splits(data: DataSpec) -> dict[str, list[DataSource]]:
+    """The sources whose records make up each split of a run with named sources."""
+    out: dict[str, list[DataSource]] = {}
+    if data.train_sources:
+        out["train"] = list(data.train_sources)
+        if not data.validation_sources and data.validation_file is None:
+            out["validation"] = list(data.train_sources)  # the held-out part of the mixture
+    if data.validation_sources:
+        out["validation"] = list(data.validation_sources)
+        for source in data.validation_sources:
+            out[f"validation_{source.name}"] = [source]
+    return out
+
+
+def sources_identity(data: DataSpec, split: str) -> dict[str, Any] | None:
+    """What the named sources of ``split`` are, for the prepared-data cache: each source as
+    configured (a file with its identity), or None when a reader among them declares no
+    version (it is prepared again each run). Returns {} for a split without named sources."""
+    sources = source_splits(data).get(split)
+    if sources is None:
+        return {}
+    described = []
+    for source in sources:
+        if not is_cacheable(source, f"source {source.name}"):
+            return None
+        entry: dict[str, Any] = source.model_dump(exclude_none=True)
+        if source.reader is not None:
+            function = _import_reader(source.reader, f"source {source.name}")
+            entry["version"] = str(function.version)  # type: ignore[attr-defined]
+        described.append(entry)
+    return {"sources": described, "stopping_strategy": data.mix_stopping_strategy}
