@@ -101,6 +101,7 @@ def _tokenizer(
     from transformers import PretrainedConfig
 
     from lmctl.models.config import build_model_config
+    from lmctl.models.plugins import load_plugins
     from lmctl.models.tokenizer import check_tokenizer_files, load_tokenizer
 
     if (
@@ -113,6 +114,7 @@ def _tokenizer(
             "e.g. --tokenizer-name ./tok",
         )
     check_tokenizer_files(spec.tokenizer, spec.model)
+    load_plugins(spec.model.imports, console)  # they may register the tokenizer's class
     model_config = (
         build_model_config(spec.model, spec.access, console)
         if spec.model.given
