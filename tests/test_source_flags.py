@@ -146,3 +146,8 @@ def test_a_mixture_from_flags_trains_evaluates_each_source_and_resumes_elsewhere
     proc = lmctl("resume", run, "--max-steps", "3", cwd=elsewhere)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 3
+
+    proc = lmctl("runs", run, "--json")
+    (shown,) = json.loads(proc.stdout)["runs"]
+    assert set(shown["train_shares"]) == {"books", "table"}
+    assert set(shown["source_eval_loss"]) == {"books", "table"}
