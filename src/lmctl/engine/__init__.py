@@ -16,7 +16,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from lmctl.config.slices import slice_config
-from lmctl.distributed import is_main_process
+from lmctl.distributed import is_main_process, one_process_group
 from lmctl.errors import ConfigError
 from lmctl.mirror.fetch import sync_checkpoints
 from lmctl.mirror.upload import mirror_for
@@ -39,6 +39,8 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
     document, to write it into the run directory and to cut it into the slices that every
     layer below receives."""
     spec = slice_config(config, objective.options_class)
+    if spec.scale.deepspeed is not None:
+        one_process_group()  # DeepSpeed starts a process group on one process too
     engine = import_module(ENGINES[spec.loop.engine])
     engine.check(spec)  # trackers and engine packages, before any work
     main = is_main_process()
