@@ -65,6 +65,8 @@ def test_sharded_run_resumes_after_sigkill_to_the_same_weights(
     proc = run(lmctl_command(*_args(bpe_tokenizer, unique_lines, full, *options)), tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count("lmctl train clm:") == 1
+    # Accelerate applies FSDP on accelerators only: on these CPU processes the run says so.
+    assert ("--fsdp on CPU processes" in proc.stderr) == name.startswith("fsdp")
 
     def saved_first() -> bool:  # checkpoints are renamed into place once complete
         return (killed / "checkpoint-5").is_dir()

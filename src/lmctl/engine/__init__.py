@@ -83,6 +83,12 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
                 strict=spec.run_dir.strict_resume,
                 console=console if main else None,
             )
+        if spec.scale.fsdp and runtime.device == "cpu" and main:
+            console.warn(
+                "--fsdp on CPU processes: Accelerate shards a model on accelerators (GPUs) only, "
+                "so here every process keeps the whole model and training runs as DDP (the same "
+                "updates, without FSDP's memory saving)"
+            )
         if spec.scale.fsdp and spec.loop.do_train and runtime.processes == 1:
             raise ConfigError(
                 "--fsdp shards the model over several processes; this run has one",
