@@ -137,7 +137,9 @@ def test_sigkill_then_resume_of_a_stream_trains_on_the_same_examples(
         "--shuffle-buffer-size", "8", "--mix-stopping-strategy", strategy,
     )  # fmt: skip
     assert ("reads the batches trained on before the checkpoint again" in log) == bool(repeating)
-    position = json.loads((checkpoint / "stream_position.json").read_text())
+    # Without positions the accelerate engine writes no stream record at all.
+    recorded = checkpoint / "stream_position.json"
+    position = json.loads(recorded.read_text()) if recorded.is_file() else {}
     assert ("readers" in position) == (not repeating)
     if sources == "mixture" and not repeating:
         # One plan for both sources: the shards of each are numbered apart.
