@@ -102,7 +102,7 @@ GROUPS = [
     ("startup", "preprocessing"),
     ("training:clm", "mfu"),
     ("training:mlm+swag",),
-    ("evaluation", "resume", "remote", "end-to-end"),
+    ("evaluation", "resume", "remote", "end-to-end", "mixture"),
 ]
 
 

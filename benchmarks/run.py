@@ -11,7 +11,8 @@ Models are initialised once and saved, so both sides start from the same weights
 The suite's parts: ``figures.py`` (a figure of both sides, alternating runs, the page),
 ``workload.py`` (generated text, saved models, the machine, the baseline's runs), the sections
 (``preparation.py``: start-up, preprocessing; ``training.py``: training, MFU; ``lifecycle.py``:
-evaluation, resume, remote, end to end), and ``grid.py`` and ``grid_page.py`` (``--grid``).
+evaluation, resume, remote, end to end; ``mixture.py``: a mixture of named sources), and
+``grid.py`` and ``grid_page.py`` (``--grid``).
 This file is the command line: it runs the sections chosen, in order or in groups of
 processes.
 """
@@ -42,6 +43,7 @@ from benchmarks.figures import GROUPS, Figure, render  # noqa: E402
 from benchmarks.grid import REPEAT_SEED, Cell, run_grid  # noqa: E402
 from benchmarks.grid_page import grid_block, render_grid, splice  # noqa: E402
 from benchmarks.lifecycle import end_to_end, evaluation, remote, resume  # noqa: E402
+from benchmarks.mixture import mixture  # noqa: E402
 from benchmarks.preparation import preprocessing, startup  # noqa: E402
 from benchmarks.training import mfu, training  # noqa: E402
 from benchmarks.workload import Work, machine_info  # noqa: E402
@@ -118,7 +120,7 @@ def main() -> int:
     parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument(
         "--sections",
-        default="startup,preprocessing,training,mfu,evaluation,resume,remote,end-to-end",
+        default="startup,preprocessing,training,mfu,evaluation,resume,remote,end-to-end,mixture",
     )
     parser.add_argument("--shared", action="store_true", help="note that the machine was shared")
     parser.add_argument(
@@ -235,6 +237,7 @@ def main() -> int:
         section(
             "end-to-end", lambda: end_to_end(work, 1 if args.quick else args.train_reps or reps)
         )
+        section("mixture", lambda: mixture(work, args.train_reps or reps, sizes["train_steps"]))
         text = write()
         if args.figures_out:
             Path(args.figures_out).write_text(json.dumps([asdict(f) for f in figures]))

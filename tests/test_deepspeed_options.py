@@ -257,3 +257,16 @@ def test_resume_on_another_world_size_keeps_the_global_batch(
     single.mkdir()
     (single / "rng_state.pth").write_bytes(b"")
     check_world_size(single, two)
+
+    # DeepSpeed ZeRO states: loaded from their universal conversion (trainer engine only).
+    zero = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "deepspeed": "2"}
+    with pytest.raises(ConfigError) as caught:
+        check_world_size(checkpoint, sliced(_config(tmp_path, **zero)))
+    assert "DeepSpeed ZeRO states are not converted for 1" in caught.value.message
+    assert "lmctl resume RUN_DIR --nproc 1" in (caught.value.hint or "")
+    (checkpoint / "global_step5_universal").mkdir()
+    (checkpoint / "latest_universal").write_text("global_step5_universal")
+    check_world_size(checkpoint, sliced(_config(tmp_path, **zero)))
+    with pytest.raises(ConfigError) as caught:
+        check_world_size(checkpoint, sliced(_config(tmp_path, **zero, engine="accelerate")))
+    assert "the accelerate engine does not reshard DeepSpeed ZeRO states" in caught.value.message

@@ -56,7 +56,7 @@ def test_reader_shards_split_between_ranks_and_workers_are_disjoint_and_whole(
 def test_a_mixture_draws_each_source_by_its_weight() -> None:
     import datasets
 
-    from lmctl.data.sources import mix, mixture_counts
+    from lmctl.data.mixture import mix, mixture_counts
 
     parts = [
         datasets.Dataset.from_dict({"source": [name] * 20_000}) for name in ("first", "second")
@@ -199,3 +199,24 @@ def test_source_errors_exit_with_their_code_and_no_traceback(
         assert "train_sources[0] (table)" in proc.stderr and "partitions=[0]" in proc.stderr
     if "record without" in expected:
         assert "{'id': 1}" in proc.stderr
+
+
+@pytest.mark.e2e
+def test_a_streamed_mixture_trains_and_evaluates_each_source_without_its_secret(
+    work: Path, bpe_tokenizer: Path
+) -> None:
+    proc = train(work, write_config(work), bpe_tokenizer, "--streaming", "--max-eval-samples",
+                 "16", "--dataloader-num-workers", "2")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "train: streaming train_sources (table, books) in 2 sources" in proc.stderr
+    assert "validation_table: streaming validation_sources[0] (table) in 1 shard" in proc.stderr
+    results = json.loads((work / "out" / "all_results.json").read_text())
+    for name in ("table", "books"):
+        assert results[f"eval_{name}_loss"] > 0
+        assert results[f"eval_{name}_perplexity"] > 1
+    assert "eval_loss" in results
+    for text in (proc.stdout, proc.stderr):
+        assert SECRET not in text
+    for path in (work / "out").rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path

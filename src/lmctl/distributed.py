@@ -82,6 +82,21 @@ def launched() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def one_process_group() -> None:
+    """The environment a launcher gives, for a process that runs alone (no launcher) with a
+    library that needs a process group even then (DeepSpeed): rank 0 of 1, on a free port of
+    this machine. Nothing changes under a launcher."""
+    if launched():
+        return
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    alone = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    os.environ.update({**alone, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+
+
 def launcher_store() -> bool:
     """Whether the launcher keeps a key-value store every process can reach before the process
     group exists: torchrun's elastic agent (and accelerate launch, which runs it) does, at

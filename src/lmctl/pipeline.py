@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
+from lmctl.data.mixture import load_named_sources
 from lmctl.data.prepared import cache_root
-from lmctl.data.sources import load_named_sources
 from lmctl.data.stream.sources import Readers
 from lmctl.fastpaths.allocator import keep_freed_blocks
 from lmctl.fastpaths.install import install_fast_paths
@@ -109,6 +109,11 @@ def prepare_data(
     mixture: dict[str, int] = {}
     raw: Any
     if data.streaming:
+        from lmctl.data.stream.mixture import (
+            MIXTURE_RESUME_NOTE,
+            MixedSource,
+            stream_named_sources,
+        )
         from lmctl.data.stream.sources import load_sources
 
         if data.preprocessing_num_workers:
@@ -116,7 +121,8 @@ def prepare_data(
                 "--preprocessing-num-workers is not used with --streaming; "
                 "use --dataloader-num-workers to tokenize in parallel"
             )
-        raw = load_sources(
+        named = data.train_sources or data.validation_sources
+        raw = (stream_named_sources if named else load_sources)(
             data,
             spec.access,
             readers,
@@ -125,6 +131,9 @@ def prepare_data(
             text_options=text_options,
             records=objective.streams_records,
         )
+        mixed = raw.get("train")
+        if resume is not None and isinstance(mixed, MixedSource) and not mixed.records_positions:
+            console.info(MIXTURE_RESUME_NOTE)
     else:
         check_records = partial(objective.check_records, options)
         sourced = None

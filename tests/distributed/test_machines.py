@@ -299,6 +299,35 @@ def test_a_machine_lost_for_good_leaves_the_run_to_the_others(
     assert "on 1 process(es) instead of 2" in table
 
 
+def test_a_bucket_run_resumes_on_another_number_of_processes(
+    uninterrupted: Callable[[str], Path],
+    bpe_tokenizer: Path,
+    unique_lines: tuple[Path, Path],
+    tmp_path: Path,
+    store_env: dict[str, str],
+) -> None:
+    """A run of two processes into a file:// run directory, SIGKILLed once checkpoint-5 is
+    complete in the store, then `lmctl resume URL --nproc 1` from another working copy: one
+    process continues with the same global batch, its checkpoints are uploaded, and the final
+    eval loss is the uninterrupted run's within 1%."""
+    root = tmp_path / "store" / "run"
+    args = _args(bpe_tokenizer, unique_lines, f"file://{root}", *OPTIONS["trainer"])
+    env = {**store_env, "LMCTL_STEP_DELAY": "0.3"}
+    kill_when(
+        start(lmctl_command(*args, "--nproc", "2"), tmp_path, env),
+        (root / "checkpoint-5" / MANIFEST).is_file,
+    )
+    elsewhere = {"LMCTL_CACHE": str(tmp_path / "another-cache")}
+    resumed = run(lmctl_command("resume", f"file://{root}", "--nproc", "1"), tmp_path, elsewhere)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "continuing on 1 with the same global batch of 8" in resumed.stderr
+    manifest = json.loads((root / "checkpoint-10" / MANIFEST).read_text())
+    assert _ranks_in([item["path"] for item in manifest["files"]]) == {0}
+    final = json.loads((root / "all_results.json").read_text())["eval_loss"]
+    expected = json.loads((uninterrupted("trainer") / "all_results.json").read_text())["eval_loss"]
+    assert abs(final - expected) <= 0.01 * expected, (final, expected)
+
+
 @pytest.mark.parametrize("who", ["ranks", "job"])
 def test_a_pre_emption_under_the_agent_saves_first(
     who: str,

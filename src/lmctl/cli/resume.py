@@ -133,9 +133,9 @@ def local_copy(path: str, console: Console, overrides: dict[str, Any]) -> tuple[
 
 def _given_int(overrides: dict[str, Any], name: str, default: int) -> int:
     """A number given on the command line, before the config validates it (which reports a
-    bad value by its flag)."""
+    bad value by its flag); of a range (``--nnodes MIN:MAX``) the largest."""
     try:
-        return int(overrides.get(name, default))
+        return int(str(overrides.get(name, default)).rpartition(":")[2])
     except ValueError:
         return default
 

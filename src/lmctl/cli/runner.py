@@ -17,7 +17,7 @@ from lmctl.console import Console, OutputOptions, own_stdout
 from lmctl.distributed import is_main_process, launched, restartable
 from lmctl.errors import Delegated, ExitCode, Interrupted, LmctlError, TrainingFailed
 from lmctl.run.launch import collects_errors, end_launched_process, report_outcome
-from lmctl.run.signals import sigterm_as_interrupt
+from lmctl.run.signals import exit_quietly_on_signal, sigterm_as_interrupt
 
 
 def debug_enabled() -> bool:
@@ -39,6 +39,7 @@ def run_command(
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     with own_stdout() as out:
         code = _run(body, Console(output, out), command)
+    exit_quietly_on_signal(int(code))
     if launched():
         end_launched_process(code)
     if code != ExitCode.OK:

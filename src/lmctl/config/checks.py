@@ -223,12 +223,6 @@ def check_sources(data: DataSpec, problems: Problems) -> None:
             "validation_sources and --validation-file both name the evaluation data",
             "add the file to validation_sources as one more source",
         )
-    if data.streaming and (data.train_sources or data.validation_sources):
-        problems.add(
-            "train_sources and validation_sources do not stream yet: a streamed mixture could "
-            "not resume exactly",
-            "drop --streaming (the sources are read into datasets and prepared as usual)",
-        )
 
 
 def check_streaming(data: DataSpec, loop: LoopSpec, problems: Problems) -> None:
@@ -246,6 +240,18 @@ def check_streaming(data: DataSpec, loop: LoopSpec, problems: Problems) -> None:
         problems.add(
             "--streaming needs --max-steps: a stream has no length to count epochs in",
             "give the number of optimizer steps, e.g. --max-steps 10000",
+        )
+    if (
+        data.streaming
+        and loop.do_eval
+        and data.train_sources
+        and not data.validation_sources
+        and data.validation_file is None
+    ):
+        problems.add(
+            "train_sources with --streaming: no validation data (a stream cannot hold a "
+            "percentage of a mixture out)",
+            "give validation_sources or --validation-file, or --no-eval",
         )
 
 

@@ -51,7 +51,7 @@ def load_raw(
     loaded: dict[str, Any] | None = None,
 ) -> DatasetDict:
     """Load the user's data as ``train``/``validation`` splits. ``loaded``: the splits of named
-    sources (:func:`lmctl.data.sources.load_named_sources`, each source checked as it was
+    sources (:func:`lmctl.data.mixture.load_named_sources`, each source checked as it was
     read), which then go through the same checks and hold-out as files."""
     import datasets
 

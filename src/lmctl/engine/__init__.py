@@ -16,7 +16,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from lmctl.config.slices import slice_config
-from lmctl.distributed import is_main_process
+from lmctl.distributed import is_main_process, one_process_group
 from lmctl.errors import ConfigError
 from lmctl.mirror.fetch import sync_checkpoints
 from lmctl.mirror.upload import mirror_for
@@ -39,6 +39,8 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
     document, to write it into the run directory and to cut it into the slices that every
     layer below receives."""
     spec = slice_config(config, objective.options_class)
+    if spec.scale.deepspeed is not None:
+        one_process_group()  # DeepSpeed starts a process group on one process too
     engine = import_module(ENGINES[spec.loop.engine])
     engine.check(spec)  # trackers and engine packages, before any work
     main = is_main_process()
@@ -80,6 +82,12 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
                 spec.data,
                 strict=spec.run_dir.strict_resume,
                 console=console if main else None,
+            )
+        if spec.scale.fsdp and runtime.device == "cpu" and main:
+            console.warn(
+                "--fsdp on CPU processes: Accelerate shards a model on accelerators (GPUs) only, "
+                "so here every process keeps the whole model and training runs as DDP (the same "
+                "updates, without FSDP's memory saving)"
             )
         if spec.scale.fsdp and spec.loop.do_train and runtime.processes == 1:
             raise ConfigError(

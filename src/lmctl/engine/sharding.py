@@ -7,13 +7,17 @@ libraries only; lmctl just names the options.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmctl.config.values import DEEPSPEED_STAGES
 from lmctl.resources import deepspeed_config
+from lmctl.run.reshard import converted_for
 
 if TYPE_CHECKING:
     from lmctl.config.slices import ScaleSpec
+    from lmctl.run.runtime import Runtime
 
 #: ``--fsdp-sharding`` -> the FSDP sharding strategy name both engines understand.
 FSDP_STRATEGIES = {"full": "FULL_SHARD", "hybrid": "HYBRID_SHARD", "grad-op": "SHARD_GRAD_OP"}
@@ -30,11 +34,19 @@ def deepspeed_file(scale: ScaleSpec) -> str | None:
     return scale.deepspeed
 
 
-def trainer_options(scale: ScaleSpec, gradient_checkpointing: bool) -> dict[str, Any]:
-    """``TrainingArguments`` fields for DeepSpeed, FSDP (version 2) and checkpointing."""
+def trainer_options(
+    scale: ScaleSpec, gradient_checkpointing: bool, runtime: Runtime | None = None
+) -> dict[str, Any]:
+    """``TrainingArguments`` fields for DeepSpeed, FSDP (version 2) and checkpointing. A run
+    that continues a checkpoint of another number of processes loads DeepSpeed's states from
+    their universal conversion (:mod:`lmctl.run.reshard`)."""
     values: dict[str, Any] = {}
     if scale.deepspeed is not None:
         values["deepspeed"] = deepspeed_file(scale)
+        if runtime is not None and converted_for(runtime.resume, runtime.processes):
+            document = json.loads(Path(values["deepspeed"]).read_text(encoding="utf-8"))
+            document["checkpoint"] = {**document.get("checkpoint", {}), "load_universal": True}
+            values["deepspeed"] = document
     if scale.fsdp:
         words = [TRAINER_FSDP[scale.fsdp_sharding]]
         if scale.fsdp_auto_wrap:

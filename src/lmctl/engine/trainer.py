@@ -111,7 +111,7 @@ def training_arguments(spec: RunSpec, runtime: Runtime, run_dir: Path) -> Any:
         values["optim"] = "adamw_torch_fused"
     if runtime.cpu_only:
         values["use_cpu"] = True
-    values.update(trainer_options(spec.scale, spec.model.gradient_checkpointing))
+    values.update(trainer_options(spec.scale, spec.model.gradient_checkpointing, runtime))
     values.update(loop.training_args)
     if isinstance(values.get("logging_dir"), str):
         values["logging_dir"] = local_folder(values["logging_dir"])  # file:///abs is /abs

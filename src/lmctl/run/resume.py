@@ -19,7 +19,7 @@ from lmctl.config.fields import flag_name
 from lmctl.config.slices import DataSpec, LaunchSpec, LoopSpec, ScaleSpec, field_names, take
 from lmctl.errors import ConfigError
 from lmctl.objectives import OBJECTIVES, get_objective
-from lmctl.run import checkpoints, history, rundir
+from lmctl.run import checkpoints, history, reshard, rundir
 from lmctl.run.lock import HELD_ENV
 from lmctl.run.runtime import batch_on
 from lmctl.storage import atomic
@@ -255,6 +255,9 @@ def _same_global_batch(
     new = batch_on(checkpoint, processes, run, f"--nproc {processes}")
     if new is None:
         return {}
+    if run[1].deepspeed and not distributed.launched():
+        # Once, in the process that starts the others, before any of them loads it.
+        reshard.make_universal(checkpoint, console)
     if not distributed.launched() or (
         distributed.is_main_process() and not os.environ.get(HELD_ENV)
     ):

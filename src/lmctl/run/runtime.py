@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 from lmctl import distributed
 from lmctl.errors import ConfigError
-from lmctl.run import checkpoints
+from lmctl.run import checkpoints, reshard
 from lmctl.run.restarts import restarted
 from lmctl.run.totals import BatchShape
 
@@ -169,6 +169,12 @@ def check_world_size(checkpoint: Path, spec: RunSpec) -> BatchShape | None:
     current = distributed.world_size()
     new = batch_on(checkpoint, current, (spec.data, spec.scale, spec.loop))
     here = BatchShape.of(spec.loop, current)
+    if new is not None and spec.scale.deepspeed and not reshard.has_universal(checkpoint):
+        raise ConfigError(
+            f"{checkpoint} was saved by {checkpoints.checkpoint_world_size(checkpoint)} "
+            f"process(es) and its DeepSpeed ZeRO states are not converted for {current}",
+            f"resume it with lmctl resume RUN_DIR --nproc {current} (it converts them)",
+        )
     if new is None or new.size == here.size:
         return None
     if restarted():
@@ -188,8 +194,11 @@ def world_change_problem(data: DataSpec, scale: ScaleSpec, loop: LoopSpec) -> st
     """Why a run cannot continue on another number of processes (None: it can)."""
     if data.streaming:
         return "a stream's recorded positions belong to the processes that read them"
-    if scale.deepspeed:
-        return "its DeepSpeed ZeRO states are sharded per process (resharding is not supported)"
+    if scale.deepspeed and loop.engine != "trainer":
+        return (
+            "the accelerate engine does not reshard DeepSpeed ZeRO states (the trainer engine "
+            "does, through DeepSpeed's universal checkpoint)"
+        )
     if scale.fsdp:
         return "its FSDP states are sharded per process (resharding is not supported)"
     if loop.group_by_length:

@@ -10,7 +10,9 @@ Code that waits outside the step, for an upload to a store, reads the request wi
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -85,3 +87,20 @@ def sigterm_as_interrupt() -> None:
 
     with suppress(ValueError):
         signal.signal(signal.SIGTERM, _raise)
+
+
+def exit_quietly_on_signal(code: int) -> None:
+    """Once a command has said its outcome: a signal while the interpreter shuts down (the
+    launcher stopping the other processes of a failed run, during the libraries' exit
+    handlers) ends the process with that outcome, instead of a traceback from inside an exit
+    handler."""
+
+    def _exit(signum: int, frame: FrameType | None) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with suppress(ValueError):
+            signal.signal(sig, _exit)

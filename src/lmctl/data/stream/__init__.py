@@ -14,12 +14,12 @@ line or record (:func:`example_streams`, for ``--line-by-line`` and multiple cho
 tokenized by an encoder that the objective hands in: the same function that its prepared
 (non-streaming) data goes through. Each split's shards and reader come from :mod:`.sources`,
 the shards are read by :mod:`.readers`, and :mod:`.positions` lets a resumed run read on
-from where the training stream was.
+from where the training stream was; named sources and their mixture come from :mod:`.mixture`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from lmctl.config.slices import DataSpec
     from lmctl.console import Console
+    from lmctl.data.stream.mixture import MixedSource
     from lmctl.data.stream.sources import TextSource
 
 
@@ -129,9 +130,17 @@ def _examples_from(
             yield {name: encoded[name][row] for name in names}, (*key, seen)
 
 
+#: Reads a shard from a point: each example with the point after it.
+ExamplesFrom = Callable[[Any, ReadPoint], Iterator[tuple[dict[str, Any], ReadPoint]]]
+
+
+def _examples_of(part: TextSource, *, encode: Encoder) -> ExamplesFrom:
+    return partial(_examples_from, read=part.read, encode=encode)
+
+
 def block_streams(
     data: DataSpec,
-    sources: dict[str, TextSource],
+    sources: Mapping[str, TextSource | MixedSource],
     tokenizer: PreTrainedTokenizerBase,
     block_size: int,
     console: Console,
@@ -144,12 +153,16 @@ def block_streams(
 
     encoder = TextEncoder(tokenizer, special_tokens_mask=special_tokens_mask)
     features = block_features(block_size, special_tokens_mask)
+
+    def examples_of(part: TextSource) -> ExamplesFrom:
+        return partial(_blocks_from, read=part.read, encoder=encoder, block_size=block_size)
+
     return {
         split: _stream(
             data,
             split,
             source,
-            partial(_blocks_from, read=source.read, encoder=encoder, block_size=block_size),
+            examples_of,
             features,
             seed=seed,
             console=console,
@@ -165,7 +178,7 @@ def block_streams(
 
 def example_streams(
     data: DataSpec,
-    sources: dict[str, TextSource],
+    sources: Mapping[str, TextSource | MixedSource],
     encoders: dict[str, Encoder],
     console: Console,
     *,
@@ -180,7 +193,7 @@ def example_streams(
             data,
             split,
             source,
-            partial(_examples_from, read=source.read, encode=encoders[split]),
+            partial(_examples_of, encode=encoders[split]),
             None,
             seed=seed,
             console=console,
@@ -194,8 +207,8 @@ def example_streams(
 def _stream(
     data: DataSpec,
     split: str,
-    source: TextSource,
-    examples_from: Callable[..., Iterator[tuple[dict[str, Any], ReadPoint]]],
+    source: TextSource | MixedSource,
+    examples_of: Callable[[TextSource], ExamplesFrom],
     features: Any,
     *,
     seed: int,
@@ -203,38 +216,107 @@ def _stream(
     unit: str,
     empty: tuple[str, str],
 ) -> IterableDataset:
-    """The split's stream of the examples that ``examples_from`` reads from a shard. The
-    training stream shuffles its shard order each pass (with ``--seed``) and its examples in
-    windows of ``--shuffle-buffer-size`` inside each reader, and carries positions (see
-    :class:`StreamPlan`); then limits apply. Data too small for one example (``empty``: the
-    problem and the fix) fails here, before training starts."""
+    """The split's stream of the examples that ``examples_of(part)`` reads from a shard of
+    each part of ``source``. The training stream shuffles each source's shard order (with
+    ``--seed``) and its examples in windows of ``--shuffle-buffer-size`` inside each reader,
+    and carries positions (see :class:`StreamPlan`); a training mixture draws from its
+    sources by weight (see :mod:`.mixture`). Then limits apply. Data too small for one
+    example (``empty``: the problem and the fix) fails here, before training starts."""
+    from lmctl.data.stream.mixture import MixedSource
+
+    training = split == "train"
+    if isinstance(source, MixedSource):
+        plan = None
+        if training and source.records_positions:
+            numbered = [(number, shard) for number, part in enumerate(source.parts)
+                        for shard in part.shards]  # fmt: skip
+            plan = _plan(data, seed, numbered, source.parts[0].readers.workers)
+        parts = [
+            _source_stream(data, part, examples_of(part), features, seed=seed, plan=plan,
+                           part=number, empty=empty)
+            for number, part in enumerate(source.parts)
+        ]  # fmt: skip
+        stream = _mixed(parts, source, seed=seed)
+        if training and plan is None and data.shuffle_buffer_size > 0:
+            stream = stream.shuffle(seed=seed, buffer_size=data.shuffle_buffer_size)
+        shards = f"{len(source.parts)} sources"
+    else:
+        plan = None
+        if training:
+            plan = _plan(data, seed, source.shards, source.readers.workers)
+        stream = _source_stream(
+            data, source, examples_of(source), features, seed=seed, plan=plan, empty=empty
+        )
+        shards = f"{len(source.shards)} shard{'s' * (len(source.shards) != 1)}"
+    limit = sample_limit(data, split)
+    if limit is not None:
+        stream = stream.take(limit)
+    stream.lmctl_plan = plan
+    console.info(f"{split}: streaming {source.where} in {shards}, {unit}")
+    return stream
+
+
+def _plan(data: DataSpec, seed: int, shards: list[Any], workers: int) -> StreamPlan:
+    return StreamPlan(seed, max(1, data.shuffle_buffer_size), shards, workers)
+
+
+def _source_stream(
+    data: DataSpec,
+    source: TextSource,
+    examples_from: ExamplesFrom,
+    features: Any,
+    *,
+    seed: int,
+    plan: StreamPlan | None,
+    part: int | None = None,
+    empty: tuple[str, str],
+) -> IterableDataset:
+    """The stream of one source; with a ``plan``, shuffled and marked with positions as a
+    training stream. ``part``: the source's number in a mixture whose sources share one plan,
+    which numbers each shard as ``(part, shard)``."""
     from datasets import IterableDataset, List, Value
 
-    generate = partial(positioned, examples_from=examples_from)
-    first = generate(source.shards, None)
+    first = positioned(source.shards, None, examples_from)
     try:
         if next(first, None) is None:
             raise DataError(f"{source.where}: {empty[0]}", empty[1])
     finally:
         first.close()
-    plan = None
-    if split == "train":
-        window = max(1, data.shuffle_buffer_size)
-        plan = StreamPlan(seed, window, source.shards, source.readers.workers)
-        if features is not None:
-            features = features.copy()
-            features[POSITION_COLUMN] = List(Value("int64"))
+    shards = source.shards
+    if part is not None:
+        shards = [(part, shard) for shard in shards]
+        examples_from = partial(_of_part, examples_from=examples_from)
+    if plan is not None and features is not None:
+        features = features.copy()
+        features[POSITION_COLUMN] = List(Value("int64"))
     stream = IterableDataset.from_generator(
-        generate, features=features, gen_kwargs={"shards": source.shards, "plan": plan}
+        partial(positioned, examples_from=examples_from),
+        features=features,
+        gen_kwargs={"shards": shards, "plan": plan},
     )
     if plan is not None and data.shuffle_buffer_size > 0:
         # The shard order only: a buffer of one example keeps the reading order, which the
         # generator shuffles in windows it can find again on resume.
         stream = stream.shuffle(seed=seed, buffer_size=1)
-    limit = sample_limit(data, split)
-    if limit is not None:
-        stream = stream.take(limit)
-    stream.lmctl_plan = plan
-    shards = f"{len(source.shards)} shard{'s' * (len(source.shards) != 1)}"
-    console.info(f"{split}: streaming {source.where} in {shards}, {unit}")
     return stream
+
+
+def _of_part(
+    shard: tuple[int, Any], point: ReadPoint, *, examples_from: ExamplesFrom
+) -> Iterator[tuple[dict[str, Any], ReadPoint]]:
+    """``examples_from`` of a mixture's shard, numbered ``(part, shard)``."""
+    return examples_from(shard[1], point)
+
+
+def _mixed(parts: list[IterableDataset], source: MixedSource, *, seed: int) -> IterableDataset:
+    """The parts drawn by the source's weights from ``seed``, or one after the other."""
+    import datasets
+
+    if source.weights is None:
+        return datasets.concatenate_datasets(parts)
+    return datasets.interleave_datasets(
+        parts,
+        probabilities=source.weights,
+        seed=seed,
+        stopping_strategy=source.stopping_strategy,
+    )

@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from lmctl.data.load import choose_column, data_files, not_text, parse_json_record, require_hold_out
+from lmctl.data.sources import Reader, read_shards
 from lmctl.data.stream.readers import (
     ChunkKey,
     expand,
@@ -21,6 +23,7 @@ from lmctl.data.stream.readers import (
     read_json_lines,
     read_text_lines,
 )
+from lmctl.data.tokens import ENCODE_BATCH
 from lmctl.errors import ConfigError, DataError
 from lmctl.storage import hub
 from lmctl.storage.paths import data_extension
@@ -53,8 +56,9 @@ class Readers:
 @dataclass
 class TextSource:
     """One split of raw data: its shards, cut for ``readers``, and a reader for one shard.
-    A text source reads batches of texts; a record source (``columns`` set) batches of
-    records (dicts)."""
+        A text source reads batches of texts; a record source (``columns`` set) batches of
+        records (dicts). A reader of ``train_sources``/``validation_sources`` is one too
+    (:func:`reader_source`)."""
 
     where: str
     shards: list[Any]
@@ -280,3 +284,47 @@ def _stream_column(stream: IterableDataset, requested: str | None, where: str) -
     for example in stream.take(1):
         return _pick_column(list(example), requested, where, example)
     raise DataError(f"{where}: no records (the data is empty)", "give non-empty data")
+
+
+def reader_source(
+    reader: Reader, where: str, readers: Readers, *, text_column: str | None, records: bool
+) -> TextSource:
+    """A reader (a ``train_sources``/``validation_sources`` entry) as a stream source: one
+    shard per item of its shard lists, read by calling the reader on that shard alone. Its
+    first record is read here, to choose the text column (or take a record source's
+    columns) before any work."""
+    shards = reader.shards()
+    first = next(read_shards(reader, **shards[0]), None) if shards else None
+    if first is None:
+        raise DataError(f"{where}: no records", "give a source with at least one record")
+    if records:
+        read = partial(_read_reader_shard, reader=reader, column=None)
+        return TextSource(where, shards, readers, read, list(first))
+    column = _pick_column(list(first), text_column, where, first)
+    read = partial(_read_reader_shard, reader=reader, column=column)
+    return TextSource(where, shards, readers, read)
+
+
+def _read_reader_shard(
+    shard: dict[str, list[Any]],
+    start: ChunkKey | None = None,
+    *,
+    reader: Reader,
+    column: str | None,
+) -> Iterator[tuple[ChunkKey, list[Any]]]:
+    """The ``column`` texts of one shard of a reader (or with ``column`` None its records),
+    keyed by the count of records before them. A reader cannot seek: starting again at a key
+    reads the shard from its start and drops that many records (nothing tokenizes them)."""
+    done = 0 if start is None else start[1]
+    batch: list[Any] = []
+    for record in islice(read_shards(reader, **shard), done, None):
+        if column is None:
+            batch.append(record)
+        else:
+            value = record.get(column)
+            batch.append(value if isinstance(value, str) else "")
+        if len(batch) == ENCODE_BATCH:
+            yield (0, done), batch
+            done, batch = done + len(batch), []
+    if batch:
+        yield (0, done), batch
