@@ -265,7 +265,7 @@ def _source_shares(
     weight, so their shares are those of the mixture (a source's weight, and its weight times
     its mean tokens per sample); validation sources are read whole, so theirs are those of the
     samples read."""
-    from lmctl.data.sources import mixture_weights
+    from lmctl.data.mixture import mixture_weights
 
     if head.split == "train":
         samples = dict(zip(parts, mixture_weights(data.train_sources), strict=True))
