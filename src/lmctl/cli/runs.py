@@ -18,9 +18,10 @@ from lmctl.errors import ConfigError
 HELP = """List the runs in a folder: objective, model, status, steps, eval loss, age.
 
 Status is finished, interrupted at step N (with the command that continues it) or failed.
-Perplexity is shown for language-modelling objectives, accuracy for swag. Each restart of
-a run by --max-restarts is listed below the table, with the step it continued from and
-its cause.
+Perplexity is shown for language-modelling objectives, accuracy for swag. Below the table:
+for runs with named sources, the share of each training source trained on and the eval
+loss of each validation source; each restart of a run by --max-restarts, with the step it
+continued from and its cause.
 
     lmctl runs
     lmctl runs /data/experiments --json
@@ -83,6 +84,10 @@ def run_runs(folder: str, console: Console) -> dict[str, Any]:
                 "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
                 for row in rows
             ]
+            sourced = [s for s in summaries if s.train_shares or s.source_eval_loss]
+            if sourced:
+                lines += ["", "sources:"]
+                lines += [f"  {Path(s.path).name}: {_sources(s)}" for s in sourced]
             restarted = [s for s in summaries if s.restarts]
             if restarted:
                 lines += ["", "restarts:"]
@@ -155,3 +160,18 @@ def _processes(restart: dict[str, Any]) -> str:
     if "processes" not in restart:
         return ""
     return f"; on {restart['processes']} process(es) instead of {restart['processes_before']}"
+
+
+def _sources(summary: Any) -> str:
+    """A run's named sources: the share of each trained on, each one's latest eval loss."""
+    parts = []
+    if summary.train_shares:
+        shares = ", ".join(f"{name} {share:.1%}" for name, share in summary.train_shares.items())
+        parts.append(f"trained on {shares}")
+    if summary.source_eval_loss:
+        losses = ", ".join(
+            f"{name} {format_number(round(loss, 4))}"
+            for name, loss in summary.source_eval_loss.items()
+        )
+        parts.append(f"eval loss {losses}")
+    return "; ".join(parts)

@@ -198,10 +198,20 @@ class TrainConfig(StrictModel):
         ge=0,
     )
     train_sources: list[DataSource] = option(
-        [], "Training sources mixed by weight (config file only).", panel=PANEL_DATA, cli=False
+        [],
+        "Training sources mixed by weight, repeatable: [NAME=]FILE, MODULE:FUNCTION, "
+        "FILE.py:FUNCTION or an lmctl.sources entry point (readers' args: config file).",
+        panel=PANEL_DATA,
+        flags=("--train-source",),
     )
     validation_sources: list[DataSource] = option(
-        [], "Evaluation sources, each also scored alone (config only).", panel=PANEL_DATA, cli=False
+        [],
+        "Evaluation sources, each scored alone too; as --train-source.",
+        panel=PANEL_DATA,
+        flags=("--validation-source",),
+    )
+    mix: list[float] = option(
+        [], "Weights of the training sources, in their order: --mix 0.7,0.3.", panel=PANEL_DATA
     )
     mix_stopping_strategy: Literal["first_exhausted", "all_exhausted"] = option(
         "first_exhausted", "A mixture ends when one source, or all, run out.", panel=PANEL_DATA
@@ -497,10 +507,11 @@ class TrainConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _other_spellings(cls, data: Any) -> Any:
-        """Upstream no_trainer's step options; ``--nnodes MIN:MAX``."""
+        """Upstream no_trainer's step options; ``--nnodes MIN:MAX``; ``--train-source``."""
+        from lmctl.config.sources import flag_sources
         from lmctl.config.upstream import checkpointing_steps, machine_range
 
-        return machine_range(checkpointing_steps(data))
+        return flag_sources(machine_range(checkpointing_steps(data)))
 
     @field_validator("training_args")
     @classmethod

@@ -185,7 +185,8 @@ def check_sources(data: DataSpec, problems: Problems) -> None:
             if source.name in seen:
                 problems.add(
                     f"{where}.name: '{source.name}' names another source of {field_name} too",
-                    "give every source its own name (it is part of the metric names)",
+                    "give every source its own name (it is part of the metric names): "
+                    "'name:' in a config file, NAME=VALUE on the command line",
                 )
             seen.add(source.name)
             if source.file is not None:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 Slice = TypeVar("Slice")
 
 #: Fields that only the document keeps: spellings that the validators turn into others.
-DOCUMENT_ONLY = ("checkpointing_steps",)
+DOCUMENT_ONLY = ("checkpointing_steps", "mix")
 
 
 def take(kind: type[Slice], document: Any) -> Slice:

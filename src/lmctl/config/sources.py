@@ -11,13 +11,16 @@ Imports nothing heavy: the config is validated before any library is loaded.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from lmctl.config.problems import Problems
+from lmctl.config.values import DATA_EXTENSIONS
 from lmctl.secrets import ENV_REFERENCE
-from lmctl.storage.paths import local_path
+from lmctl.storage.paths import data_extension, has_glob, local_path
 
 #: Source names become parts of metric names (``eval_<name>_loss``) and of log lines.
 SOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
@@ -104,3 +107,90 @@ def env_references(value: Any) -> list[str]:
     if isinstance(value, (list, tuple)):
         return [name for item in value for name in env_references(item)]
     return []
+
+
+#: ``--train-source``/``--validation-source`` by field, for messages.
+SOURCE_FLAGS = {"train_sources": "--train-source", "validation_sources": "--validation-source"}
+
+
+def flag_sources(data: Any) -> Any:
+    """The shorter spellings of the command line in the config form: each string of
+    ``train_sources``/``validation_sources`` (``--train-source [NAME=]VALUE``) as a source,
+    and ``mix`` (``--mix 0.7,0.3``) as the weights of the training sources, in their order."""
+    if not isinstance(data, dict):
+        return data
+    problems = Problems()
+    data = dict(data)
+    for field_name, flag in SOURCE_FLAGS.items():
+        entries = data.get(field_name)
+        if isinstance(entries, list):
+            data[field_name] = [
+                _source_from_text(entry, flag, problems) if isinstance(entry, str) else entry
+                for entry in entries
+            ]
+    mix = data.pop("mix", None)
+    if mix not in (None, []):
+        data["train_sources"] = _mixed(mix, data.get("train_sources"), problems)
+    problems.raise_if_any()
+    return data
+
+
+def _source_from_text(text: str, flag: str, problems: Problems) -> dict[str, Any]:
+    """``[NAME=]VALUE``: VALUE is a reader (``module:function``, ``file.py:function``, an
+    entry point name) or a file (a path, a pattern, a storage URL); NAME defaults to the
+    function's, the entry point's or the file's name."""
+    name, equals, value = text.partition("=")
+    if not equals or not re.fullmatch(r"[^/:.\\]+", name):
+        name, value = "", text
+    module, colon, function = value.rpartition(":")
+    last = value.rstrip("/").rsplit("/", 1)[-1]
+    if "://" not in value and colon and module and function.isidentifier():
+        kind, stem = "reader", function
+    elif (
+        "://" in value
+        or "/" in value
+        or data_extension(value) in DATA_EXTENSIONS
+        or has_glob(value)
+        or local_path(value).exists()
+    ):
+        kind, stem = "file", last.rsplit(".", 1)[0] if "." in last else last
+    else:
+        kind, stem = "reader", value  # the name of an lmctl.sources entry point
+    name = name or re.sub(r"[^A-Za-z0-9_]+", "_", stem).strip("_")
+    if not SOURCE_NAME.match(name):
+        problems.add(
+            f"{flag} {text}: '{name}' cannot name a source (a letter, then letters, digits or "
+            "underscores)",
+            f"name it: {flag} NAME={value}",
+        )
+    return {"name": name, kind: value}
+
+
+def _mixed(mix: Any, sources: Any, problems: Problems) -> Any:
+    """``sources`` with the weights of ``mix`` (numbers, or comma-separated text)."""
+    texts = [mix] if isinstance(mix, (str, int, float)) else list(mix)
+    parts = [part.strip() for text in texts for part in str(text).split(",")]
+    shown = ",".join(parts)
+    try:
+        weights = [float(part) for part in parts]
+    except ValueError:
+        weights = []
+    if not weights or not all(math.isfinite(weight) and weight > 0 for weight in weights):
+        problems.add(f"--mix {shown}: weights must be positive numbers", "e.g. --mix 0.7,0.3")
+        return sources
+    count = len(sources) if isinstance(sources, list) else 0
+    if len(weights) != count:
+        given = f"{len(weights)} weight" + ("s" if len(weights) > 1 else "")
+        problems.add(
+            f"--mix {shown}: {given} for {count or 'no'} training sources",
+            "give one weight per --train-source (or train_sources entry), in their order",
+        )
+        return sources
+    return [
+        entry.model_copy(update={"weight": weight})
+        if isinstance(entry, DataSource)
+        else {**entry, "weight": weight}
+        if isinstance(entry, dict)
+        else entry
+        for entry, weight in zip(sources, weights, strict=True)
+    ]

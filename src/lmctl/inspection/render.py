@@ -81,6 +81,15 @@ def split_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     else:
         rows.append(("blank lines", str(report["blank_lines"])))
         rows.append(("duplicate lines", str(report["duplicate_lines"])))
+    for name, part in report.get("sources", {}).items():
+        rows.append(
+            (
+                f"source {name}",
+                f"{part['samples']} samples, {part['tokens']} tokens ({part['read']}); "
+                f"{_share(part['sample_share'])} of the samples, "
+                f"{_share(part['token_share'])} of the tokens (by {part['by']})",
+            )
+        )
     return rows
 
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from lmctl.config.base import TrainConfig
-    from lmctl.config.slices import LoopSpec
+    from lmctl.config.slices import DataSpec, LoopSpec
     from lmctl.console import Console
     from lmctl.objectives.base import Objective
 
@@ -53,7 +53,8 @@ def inspect_data(
     spec = slice_config(config, objective.options_class)
     records = name == "swag"
     heads = read_heads(spec.data, spec.access, sample, records=records)
-    if spec.data.validation_file is None and spec.data.dataset_name is None:
+    given = spec.data.validation_file or spec.data.dataset_name or spec.data.validation_sources
+    if not given:
         console.info(
             "validation: held out from the training data (--validation-split-percentage); "
             "the train sample stands for it"
@@ -68,12 +69,21 @@ def inspect_data(
     grouped = name == "clm" or (name in ("mlm", "plm") and not options.line_by_line)
     splits: dict[str, Any] = {}
     warnings: list[str] = []
-    for head in heads:
+
+    def measured(head: Head) -> dict[str, Any]:
         if records:
-            report = _swag_split(head, options, tokenizer, length, spec.loop)
-        else:
-            report = _text_split(head, tokenizer, length, grouped, spec.loop)
+            return _swag_split(head, options, tokenizer, length, spec.loop)
+        return _text_split(head, tokenizer, length, grouped, spec.loop)
+
+    for head in heads:
+        report = measured(head)
         warnings += [f"{head.split}: {text}" for text in _findings(report, flag, grouped)]
+        if head.parts:
+            parts = {part.split: measured(part) for part in head.parts}
+            report["sources"] = _source_shares(head, parts, spec.data)
+            for source, part in parts.items():
+                found = _findings(part, flag, grouped)
+                warnings += [f"{head.split} source {source}: {text}" for text in found]
         splits[head.split] = report
     result = {
         "objective": name,
@@ -101,6 +111,7 @@ def _tokenizer(
     from transformers import PretrainedConfig
 
     from lmctl.models.config import build_model_config
+    from lmctl.models.plugins import load_plugins
     from lmctl.models.tokenizer import check_tokenizer_files, load_tokenizer
 
     if (
@@ -113,6 +124,7 @@ def _tokenizer(
             "e.g. --tokenizer-name ./tok",
         )
     check_tokenizer_files(spec.tokenizer, spec.model)
+    load_plugins(spec.model.imports, console)  # they may register the tokenizer's class
     model_config = (
         build_model_config(spec.model, spec.access, console)
         if spec.model.given
@@ -244,6 +256,37 @@ def _swag_split(
             sequences=len(endings),
         ),
     }
+
+
+def _source_shares(
+    head: Head, parts: dict[str, dict[str, Any]], data: DataSpec
+) -> dict[str, dict[str, Any]]:
+    """Each source's share of the split's samples and tokens. Training sources are drawn by
+    weight, so their shares are those of the mixture (a source's weight, and its weight times
+    its mean tokens per sample); validation sources are read whole, so theirs are those of the
+    samples read."""
+    from lmctl.data.mixture import mixture_weights
+
+    if head.split == "train":
+        samples = dict(zip(parts, mixture_weights(data.train_sources), strict=True))
+        tokens = {name: samples[name] * part["mean"] for name, part in parts.items()}
+    else:
+        samples = {name: float(part["samples"]) for name, part in parts.items()}
+        tokens = {name: float(part["tokens"]) for name, part in parts.items()}
+    out = {}
+    for name, part in parts.items():
+        out[name] = {
+            "read": part["read"],
+            **{key: part[key] for key in ("samples", "tokens", "mean", "p50", "p90", "max")},
+            "sample_share": _fraction(samples[name], sum(samples.values())),
+            "token_share": _fraction(tokens[name], sum(tokens.values())),
+            "by": "weight" if head.split == "train" else "samples read",
+        }
+    return out
+
+
+def _fraction(part: float, whole: float) -> float:
+    return round(part / whole, 4) if whole else 0.0
 
 
 def _findings(report: dict[str, Any], flag: str, grouped: bool) -> list[str]:

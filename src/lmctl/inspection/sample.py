@@ -19,6 +19,7 @@ from lmctl.storage.paths import data_extension, is_remote, local_path
 
 if TYPE_CHECKING:
     from lmctl.config.slices import Access, DataSpec
+    from lmctl.config.sources import DataSource
 
 
 #: The most bytes read from the start of a text file, whatever ``--sample`` says.
@@ -40,6 +41,8 @@ class Head:
     estimated_total: int | None = None
     #: What was counted: the lines of a text file, or records.
     unit: str = "records"
+    #: With named sources: the head of each source (its ``split`` is the source's name).
+    parts: list[Head] = field(default_factory=list)
 
     @property
     def read(self) -> int:
@@ -127,42 +130,123 @@ def _stream_head(
 
 
 def read_heads(data: DataSpec, access: Access, limit: int, *, records: bool) -> list[Head]:
-    """The head of the train and validation splits the data names. ``records``: keep whole
-    records (multiple choice) rather than the text column."""
+    """The head of the train and validation splits the data names (of each named source, up
+    to ``limit`` records each). ``records``: keep whole records (multiple choice) rather than
+    the text column."""
     files = {"train": data.train_file, "validation": data.validation_file}
+    named = {"train": data.train_sources, "validation": data.validation_sources}
     heads: list[Head] = []
     for split in ("train", "validation"):
-        path = files[split]
-        if path is None and data.dataset_name is None:
+        head: Head | None
+        if named[split]:
+            head = _sources_head(data, access, split, named[split], limit, records=records)
+        elif files[split] is None and data.dataset_name is None:
             continue
-        where = data.source(split)
-        head = Head(split, where)
-        if path is not None and data_extension(path) == "txt" and not is_remote(path):
-            if records:
-                raise DataError(
-                    f"{path}: a text file holds no multiple-choice records",
-                    "give a csv, json, jsonl or parquet file with the context, ending and "
-                    "label columns",
-                )
-            head.unit = "lines"
-            head.texts, head.complete, head.estimated_total = read_text_head(
-                path, limit, f"--{split}-file"
-            )
         else:
-            found = _stream_head(data, access, split, path, limit)
-            if found is None:
-                continue
-            rows, head.complete = found
-            if head.complete:
-                head.estimated_total = len(rows)
-            if records:
-                head.records = rows
-            elif rows:
-                column = choose_column(list(rows[0]), data.text_column, where)
-                head.texts = [str(row[column] or "") for row in rows]
-        heads.append(head)
+            path = files[split]
+            where = data.source(split)
+            head = _head(data, access, split, where, path=path, limit=limit, records=records)
+        if head is not None:
+            heads.append(head)
     if not heads:
         raise DataError(
             "no data to inspect", "give --train-file, --validation-file or --dataset-name"
         )
     return heads
+
+
+def _head(
+    data: DataSpec,
+    access: Access,
+    split: str,
+    where: str,
+    *,
+    path: str | None,
+    limit: int,
+    records: bool,
+    flag: str | None = None,
+) -> Head | None:
+    """The head of the file ``path``, else of the ``split`` split of the dataset ``data``
+    names (None: it has no such split); ``flag`` names the file in messages."""
+    head = Head(split, where)
+    if path is not None and data_extension(path) == "txt" and not is_remote(path):
+        if records:
+            raise DataError(
+                f"{path}: a text file holds no multiple-choice records",
+                "give a csv, json, jsonl or parquet file with the context, ending and "
+                "label columns",
+            )
+        head.unit = "lines"
+        head.texts, head.complete, head.estimated_total = read_text_head(
+            path, limit, flag or f"--{split}-file"
+        )
+        return head
+    found = _stream_head(data, access, split, path, limit)
+    if found is None:
+        return None
+    return _filled(head, *found, data.text_column, records=records)
+
+
+def _filled(
+    head: Head, rows: list[dict[str, Any]], complete: bool, column: str | None, *, records: bool
+) -> Head:
+    head.complete = complete
+    if complete:
+        head.estimated_total = len(rows)
+    if records:
+        head.records = rows
+    elif rows:
+        chosen = choose_column(list(rows[0]), column, head.where)
+        head.texts = [str(row[chosen] or "") for row in rows]
+    return head
+
+
+def _sources_head(
+    data: DataSpec,
+    access: Access,
+    split: str,
+    sources: list[DataSource],
+    limit: int,
+    *,
+    records: bool,
+) -> Head:
+    """The heads of ``sources``, one part each, and together the head of ``split``."""
+    from dataclasses import replace
+
+    from lmctl.data.sources import read_shards, resolve_reader, source_where
+
+    field_name = f"{split}_sources"
+    parts: list[Head] = []
+    for index, source in enumerate(sources):
+        where = source_where(field_name, index, source)
+        part: Head | None
+        if source.reader is not None:
+            reader = resolve_reader(source, where)
+            rows = list(islice(read_shards(reader, **reader.shard_args), limit + 1))
+            head = Head(source.name, where)
+            complete = len(rows) <= limit
+            part = _filled(head, rows[:limit], complete, data.text_column, records=records)
+        else:
+            one = replace(data, dataset_name=source.dataset, dataset_config_name=source.config)
+            flag = f"{field_name}[{index}].file"
+            part = _head(
+                one, access, split, where, path=source.file, limit=limit, records=records, flag=flag
+            )
+            if part is None:
+                raise DataError(
+                    f"{where}: the dataset {source.dataset} has no '{split}' split",
+                    "name a dataset with that split, or a file",
+                )
+            part.split = source.name
+        parts.append(part)
+    totals = [part.estimated_total for part in parts]
+    return Head(
+        split,
+        data.source(split),
+        texts=[text for part in parts for text in part.texts],
+        records=[record for part in parts for record in part.records],
+        complete=all(part.complete for part in parts),
+        estimated_total=None if None in totals else sum(t for t in totals if t is not None),
+        unit="lines" if all(part.unit == "lines" for part in parts) else "records",
+        parts=parts,
+    )

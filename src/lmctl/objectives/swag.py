@@ -73,9 +73,10 @@ class SwagConfig(SequenceConfig):
     @model_validator(mode="before")
     @classmethod
     def _default_dataset(cls, data: Any) -> Any:
-        """Like upstream: the Hub's SWAG when no data is named."""
+        """Like upstream: the Hub's SWAG when no data is named (named sources included)."""
+        named = ("dataset_name", "train_file", "validation_file")
         if isinstance(data, dict) and not any(
-            data.get(key) for key in ("dataset_name", "train_file", "validation_file")
+            data.get(key) for key in (*named, "train_sources", "validation_sources")
         ):
             name, config_name = DEFAULT_DATASET
             data = {**data, "dataset_name": name}

@@ -55,7 +55,7 @@ def predict(
     else:
         items = read_texts(prompts, input_file)
     console.info(f"predicting with {target.weights} ({objective}, {target.kind})")
-    tokenizer = load_tokenizer(target)
+    tokenizer = load_tokenizer(target, console)
     if kind == "masks":
         from lmctl.prediction.masks import check_masks, mask_token
 
@@ -104,7 +104,7 @@ def sample_line(run_dir: str, prompt: str, console: Console, max_new_tokens: int
     quiet = Console(replace(console.options, quiet=True), console.out)
     try:
         target = resolve_target(run_dir, None)
-        tokenizer = load_tokenizer(target)
+        tokenizer = load_tokenizer(target, quiet)
         loaded = load_model(target, tokenizer, quiet)
         from lmctl.prediction.generate import continuations
         from lmctl.prediction.inputs import Item

@@ -43,13 +43,15 @@ def _slice(kind: type, values: dict[str, Any]) -> Any:
     return kind(**{**defaults, **{k: v for k, v in values.items() if k in defaults}})
 
 
-def load_tokenizer(target: Target) -> Any:
-    """The tokenizer saved with the weights (light: no model is loaded)."""
+def load_tokenizer(target: Target, console: Console) -> Any:
+    """The tokenizer saved with the weights (light: no model is loaded), after the run's
+    ``--import`` modules and ``lmctl.models`` entry points, which may register its class."""
     from transformers import AutoTokenizer
 
     silence_libraries()
     saved = {key: target.saved[key] for key in LOADING_FIELDS if key in target.saved}
     access = _slice(Access, saved)
+    load_plugins(saved.get("imports") or [], console)
     return load_pretrained(
         AutoTokenizer.from_pretrained,
         target.weights,

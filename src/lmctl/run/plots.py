@@ -1,4 +1,5 @@
-"""``loss.png`` in a run directory: train and eval loss, and the learning rate, against step.
+"""``loss.png`` in a run directory: train and eval loss (overall and of each validation
+source), and the learning rate, against step.
 
 Drawn with matplotlib, an optional extra (``pip install 'lmctl-train[plot]'``); without it the
 plot is skipped with one log line. Written atomically, so a reader never sees half a file.
@@ -51,6 +52,12 @@ def render_png(curves: Curves, title: str) -> bytes:
     if curves.eval_loss:
         steps, values = zip(*curves.eval_loss, strict=True)
         loss_axes.plot(steps, values, "o-", label="eval loss", color="tab:orange")
+    for index, (name, points) in enumerate(curves.source_eval_loss.items()):
+        if points:
+            steps, values = zip(*points, strict=True)
+            # Past the colours of the train loss, eval loss and learning rate (C0 to C2).
+            color = f"C{3 + index % 7}"
+            loss_axes.plot(steps, values, "o--", label=f"eval loss {name}", color=color)
     loss_axes.set_ylabel("loss")
     loss_axes.set_title(title)
     loss_axes.grid(alpha=0.3)

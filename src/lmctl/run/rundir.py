@@ -276,16 +276,27 @@ LOCAL_PATH_FIELDS = (
 )
 
 
-def absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
-    """Local paths of a resolved config made absolute (URLs and Hub ids are kept)."""
+#: The same in each entry of ``train_sources`` and ``validation_sources``.
+SOURCE_PATH_FIELDS = (("dataset",), ("file",))
+
+
+def absolute_paths(
+    data: dict[str, Any], fields: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+) -> dict[str, Any]:
+    """Local paths of a resolved config (or of one named source, by ``fields``) made absolute
+    (URLs and Hub ids are kept)."""
+    maybe, local = fields or (PATH_FIELDS, LOCAL_PATH_FIELDS)
     out = dict(data)
-    for name in (*PATH_FIELDS, *LOCAL_PATH_FIELDS):
+    for name in (*maybe, *local):
         value = out.get(name)
         if not isinstance(value, str) or not value or url_scheme(value) is not None:
             continue
         path = local_path(value)
-        if name in LOCAL_PATH_FIELDS or path.exists():
+        if name in local or path.exists():
             out[name] = os.path.abspath(path)
+    for name in ("train_sources", "validation_sources"):
+        if fields is None and isinstance(out.get(name), list):
+            out[name] = [absolute_paths(source, SOURCE_PATH_FIELDS) for source in out[name]]
     return out
 
 

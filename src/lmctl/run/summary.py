@@ -35,13 +35,27 @@ class Curves:
     train_loss: list[Point] = field(default_factory=list)
     eval_loss: list[Point] = field(default_factory=list)
     learning_rate: list[Point] = field(default_factory=list)
+    #: The eval loss of each validation source (``eval_<name>_loss``), by source name.
+    source_eval_loss: dict[str, list[Point]] = field(default_factory=dict)
 
     def empty(self) -> bool:
         return not (self.train_loss or self.eval_loss)
 
 
+def source_names(run_dir: Path, field_name: str) -> list[str]:
+    """The names of the run's ``train_sources`` or ``validation_sources`` (none when its
+    config cannot be read)."""
+    try:
+        sources = rundir.read_config(run_dir).get(field_name) or []
+    except LmctlError:
+        return []
+    return [str(source["name"]) for source in sources if isinstance(source, dict)]
+
+
 def read_curves(run_dir: Path) -> Curves:
+    names = source_names(run_dir, "validation_sources")
     series: dict[str, dict[int, float]] = {"loss": {}, "eval_loss": {}, "learning_rate": {}}
+    series.update({f"eval_{name}_loss": {} for name in names})
     for record in read_records(run_dir):
         step = record.get("step")
         if not isinstance(step, int):
@@ -59,6 +73,7 @@ def read_curves(run_dir: Path) -> Curves:
         train_loss=sorted(series["loss"].items()),
         eval_loss=sorted(series["eval_loss"].items()),
         learning_rate=sorted(series["learning_rate"].items()),
+        source_eval_loss={name: sorted(series[f"eval_{name}_loss"].items()) for name in names},
     )
 
 
@@ -66,7 +81,12 @@ def sparklines(run_dir: Path) -> dict[str, str]:
     """Rows for the end-of-run summary: each loss curve as a sparkline, first -> last."""
     curves = read_curves(run_dir)
     rows = {}
-    for label, points in (("train loss", curves.train_loss), ("eval loss", curves.eval_loss)):
+    each = [(f"eval loss {name}", points) for name, points in curves.source_eval_loss.items()]
+    for label, points in [
+        ("train loss", curves.train_loss),
+        ("eval loss", curves.eval_loss),
+        *each,
+    ]:
         values = [value for _, value in points]
         if len(values) >= 2:
             first, last = format_number(values[0]), format_number(values[-1])
@@ -90,6 +110,10 @@ class RunSummary:
     resume_command: str | None = None
     #: Each restart by the elastic agent: its number, the step it continued from, its cause.
     restarts: list[dict[str, Any]] = field(default_factory=list)
+    #: Each training source's share of the examples trained on (a finished run's).
+    train_shares: dict[str, float] = field(default_factory=dict)
+    #: Each validation source's latest eval loss.
+    source_eval_loss: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -196,6 +220,14 @@ def summarize(run_dir: Path, now: float | None = None) -> RunSummary:
             for record in records
             if record.get("event") == "restart"
         ],
+        train_shares={
+            name: results[f"train_{name}_share"]
+            for name in source_names(run_dir, "train_sources")
+            if isinstance(results.get(f"train_{name}_share"), (int, float))
+        },
+        source_eval_loss={
+            name: points[-1][1] for name, points in curves.source_eval_loss.items() if points
+        },
     )
 
 
