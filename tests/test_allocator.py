@@ -65,6 +65,8 @@ def test_a_process_that_has_not_trained_maps_large_blocks_afresh() -> None:
     assert mapped_while_live() == [40 * 2**20 + 4096] * 2
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_after_train_clm_large_blocks_come_from_the_heap(
     bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path
 ) -> None:

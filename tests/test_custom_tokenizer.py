@@ -90,6 +90,7 @@ def _train(
     )  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_char_tokenizer_from_an_import_trains_evaluates_resumes_and_predicts(
     tmp_path: Path, text_files: tuple[Path, Path]

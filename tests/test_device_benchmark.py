@@ -102,6 +102,7 @@ def test_without_a_gpu_it_refuses_to_measure() -> None:
     assert "--smoke" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_a_smoke_run_writes_the_page(tmp_path: Path) -> None:
     page = tmp_path / "gpu.md"

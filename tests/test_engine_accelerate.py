@@ -245,6 +245,7 @@ def test_engines_agree_on_the_final_eval_loss(
     assert "Traceback" not in mixed.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_resume_after_a_crash_matches_the_uninterrupted_run(
     uninterrupted: Path, bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path

@@ -214,6 +214,7 @@ def test_swag_from_scratch_with_custom_columns(tmp_path: Path, wordpiece_tokeniz
     assert "pipeline_tag: multiple-choice" in (out / "README.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_swag_learns_from_pretrained_minilm_offline(
     tmp_path: Path, swag_files: tuple[Path, Path]

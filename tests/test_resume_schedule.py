@@ -18,7 +18,7 @@ from lmctl.engine.optim import SCHEDULE_START, schedule_start
 from lmctl.errors import ConfigError
 from lmctl.objectives.clm import ClmConfig
 from lmctl.run import checkpoints
-from tests.conftest import lmctl, tiny_clm_args
+from tests.conftest import lmctl, slow_except, tiny_clm_args
 
 LR = 1e-3
 
@@ -45,7 +45,7 @@ def _resume(run: Path, *flags: str) -> str:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("engine", slow_except(list(ENGINES), "trainer"))
 def test_an_extended_run_goes_on_along_its_schedule_or_restarts_it(
     engine: str, bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -70,7 +70,7 @@ def test_an_extended_run_goes_on_along_its_schedule_or_restarts_it(
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("engine", slow_except(list(ENGINES), "trainer"))
 def test_a_model_only_checkpoint_keeps_no_optimizer_and_still_extends(
     engine: str, bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -15,7 +15,7 @@ import transformers
 
 from lmctl.fastpaths.padding import LEAST_PADDING, PaddingFreeLinear, skip_padding
 
-from .conftest import corpus_lines, lmctl
+from .conftest import corpus_lines, lmctl, slow_except
 
 SMALL = {"hidden_size": 16, "num_attention_heads": 2, "intermediate_size": 32}
 
@@ -163,7 +163,7 @@ def test_other_models_are_left_as_they_are_and_saved_weights_are_the_models_own(
         assert torch.equal(value, model.state_dict()[name]), name
 
 
-@pytest.mark.parametrize("engine", ["trainer", "accelerate"])
+@pytest.mark.parametrize("engine", slow_except(["trainer", "accelerate"], "trainer"))
 def test_mlm_line_by_line_trains_as_without_it(
     tmp_path: Path, wordpiece_tokenizer: Path, engine: str
 ) -> None:

@@ -86,6 +86,7 @@ def test_inspect_a_reader_error_exits_3(work: Path, wordpiece_tokenizer: Path) -
     assert "the reader rows raised on shard its one call: OSError: table gone" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_prepare_a_mixture_then_train_reuses_it(work: Path, bpe_tokenizer: Path) -> None:
     (work / "valid.txt").write_text("the sea and the ships\n" * 20, encoding="utf-8")

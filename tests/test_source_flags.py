@@ -119,6 +119,7 @@ def test_flag_errors_exit_2_in_one_line(work: Path) -> None:
     assert len(errors) == 1 and "--mix 0.7: 1 weight for 2 training sources" in errors[0]
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_a_mixture_from_flags_trains_evaluates_each_source_and_resumes_elsewhere(
     work: Path, bpe_tokenizer: Path
