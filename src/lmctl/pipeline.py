@@ -108,6 +108,8 @@ def prepare_data(
     text_options = objective.text_options(options)
     mixture: dict[str, int] = {}
     raw: Any
+    # Training data is read for training, and for a tokenizer trained on it.
+    need_train = loop.do_train or spec.tokenizer.train_tokenizer is not None
     if data.streaming:
         from lmctl.data.stream.mixture import (
             MIXTURE_RESUME_NOTE,
@@ -126,7 +128,7 @@ def prepare_data(
             data,
             spec.access,
             readers,
-            need_train=loop.do_train or spec.tokenizer.train_tokenizer is not None,
+            need_train=need_train,
             need_eval=loop.do_eval,
             text_options=text_options,
             records=objective.streams_records,
@@ -144,7 +146,7 @@ def prepare_data(
                 seed=loop.seed,
                 records=objective.streams_records,
                 text_options=text_options,
-                need_train=loop.do_train or spec.tokenizer.train_tokenizer is not None,
+                need_train=need_train,
                 need_eval=loop.do_eval,
                 check=lambda dataset, where: check_records(dataset, where, None),
                 console=console,
