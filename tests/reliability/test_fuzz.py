@@ -83,6 +83,12 @@ def valid_value(info: FieldInfo) -> st.SearchStrategy[Any]:
     return TEXT
 
 
+#: --nnodes MIN:MAX, well formed or not.
+MACHINE_RANGE = st.builds("{}:{}".format, st.integers(-1, 3), st.integers(-1, 3)) | st.sampled_from(
+    ["1:", ":2", "a:b", "1:2:3"]
+)
+
+
 def value_for(info: FieldInfo) -> st.SearchStrategy[Any]:
     return st.one_of(valid_value(info), valid_value(info), ANY_VALUE)
 
@@ -108,7 +114,9 @@ def argv_tail(
 ) -> list[str]:
     """A few flags of ``model`` with values: right or wrong types, repeated or unknown."""
     fields = cli_fields(model)
-    names = sorted(only if only is not None else fields)
+    # A field without a flag of its own (--nnodes MIN:MAX fills min_nnodes) is reached
+    # through the flag that sets it.
+    names = sorted(name for name in (only if only is not None else fields) if name in fields)
     out: list[str] = []
     for name in draw(st.lists(st.sampled_from(names), max_size=5)):
         info = fields[name]
@@ -116,7 +124,7 @@ def argv_tail(
         if _inner(info.annotation) is bool:
             out.append(flag)
             continue
-        value = draw(value_for(info))
+        value = draw(value_for(info) | MACHINE_RANGE if name == "nnodes" else value_for(info))
         out += [flag, value if isinstance(value, str) else json.dumps(value)]
     if draw(st.integers(0, 9)) == 0:
         out.append("--" + draw(st.from_regex(r"[a-z][a-z-]{1,15}", fullmatch=True)))
