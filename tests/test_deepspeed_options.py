@@ -138,6 +138,12 @@ def test_launcher_commands(tmp_path: Path) -> None:
     assert accelerate[1:3] == ["-m", "accelerate.commands.launch"]
     assert accelerate[accelerate.index("--num_processes") + 1] == "2"
     assert accelerate[accelerate.index("--main_process_port") + 1] == "1234"
+    # Without --master-port, accelerate gets a free port of its own (0), not 29500, which a
+    # second run on this machine would be refused or race for.
+    free = launcher_command(
+        take(LaunchSpec, _config(tmp_path, nproc=2, launcher="accelerate")), ["train", "clm"]
+    )
+    assert free[free.index("--main_process_port") + 1] == "0"
 
 
 def test_launcher_commands_with_restarts(tmp_path: Path) -> None:

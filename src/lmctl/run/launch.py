@@ -79,6 +79,10 @@ def launcher_command(spec: LaunchSpec, arguments: list[str]) -> list[str]:
             command += ["--main_process_ip", spec.master_addr]
         if port is not None or spec.nnodes > 1:
             command += ["--main_process_port", str(port or DEFAULT_PORT)]
+        elif spec.nproc > 1:
+            # A free port on this machine (as torchrun's --standalone), not 29500, which a
+            # second run on the same machine would be refused or race for.
+            command += ["--main_process_port", "0"]
         if spec.max_restarts:
             command += ["--max_restarts", str(spec.max_restarts)]
         if elastic:
