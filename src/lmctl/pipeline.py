@@ -18,6 +18,7 @@ from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.data.mixture import load_named_sources
 from lmctl.data.prepared import cache_root
 from lmctl.data.stream.sources import Readers
+from lmctl.distributed import import_deepspeed_when_used
 from lmctl.fastpaths.allocator import keep_freed_blocks
 from lmctl.fastpaths.install import install_fast_paths
 from lmctl.models.build import build_model
@@ -223,6 +224,7 @@ def prepare(
     """Everything a run needs; ``random_head_ok=False`` refuses to evaluate a model that lacks
     the objective's head (see :func:`lmctl.models.build.build_model`). The fast paths the
     runtime decided are installed here, and those on said in one line."""
+    import_deepspeed_when_used()
     paths = runtime.fast_paths
     # Before the model and its first step allocate.
     paths.apply("allocator", keep_freed_blocks, "the C library is not glibc")
