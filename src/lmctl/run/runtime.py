@@ -152,6 +152,8 @@ def batch_on(
     if saved is None or saved == processes:
         return None
     problem = world_change_problem(*run)
+    if problem is None and run[0].streaming:
+        problem = _stream_split(checkpoint, processes, run[2].dataloader_num_workers, asked)
     shape = BatchShape.of_checkpoint(checkpoint)
     if problem is None and shape is None:
         problem = "it does not record its global batch (it was written by an older lmctl)"
@@ -161,8 +163,6 @@ def batch_on(
             f"{processes}: {problem}",
             f"resume it on {saved} (leave --nproc out), or start a new run",
         )
-    if run[0].streaming:
-        _check_stream_split(checkpoint, processes, run[2].dataloader_num_workers, asked)
     new = shape.on(processes)
     if new is None:
         fits = [n for n in range(1, shape.size + 1) if shape.size % n == 0 and n <= 64]
@@ -174,15 +174,20 @@ def batch_on(
     return new
 
 
-def _check_stream_split(checkpoint: Path, processes: int, workers: int, asked: str) -> None:
-    """Refuse ``processes`` that cannot share the checkpoint's recorded stream shards."""
+def _stream_split(checkpoint: Path, processes: int, workers: int, asked: str) -> str | None:
+    """Why the checkpoint's stream cannot go on with ``processes`` (None: it can); shards
+    that they cannot share evenly are refused here, naming the numbers that can."""
     from lmctl.data.stream.positions import StreamRecord, check_split
 
     record = StreamRecord.read(checkpoint)
-    if record is None or record.layout is None:
-        return
+    if record is None or record.layout is None or record.readers is None:
+        return (
+            "its stream's positions were not recorded (a mixture read without them, or a "
+            "checkpoint of an older lmctl)"
+        )
     workers = record.layout.get("workers", workers)
     check_split(record.layout["shards"], workers, processes, f"{asked}{checkpoint.name}")
+    return None
 
 
 def check_world_size(checkpoint: Path, spec: RunSpec) -> BatchShape | None:
