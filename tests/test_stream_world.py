@@ -112,4 +112,5 @@ def test_large_data_is_cut_into_several_shards_and_a_recorded_count_is_kept() ->
     assert len(readers.plan_shards(files, (0, 9 << 20), readers=1)) == readers.MIN_SHARDS
     assert len(readers.plan_shards(files, (0, 9 << 20), readers=3)) == 9
     assert len(readers.plan_shards([("small.txt", 5000)], (0, 5000), readers=2)) == 2
+    assert len(readers.plan_shards([("mid.txt", 3 << 20)], (0, 3 << 20), readers=1)) == 1
     assert len(readers.plan_shards(files, (0, 9 << 20), readers=2, count=2)) == 2

@@ -191,7 +191,7 @@ def plan_shards(
     if length <= 0:
         return []
     if count is None:
-        least = min(MIN_SHARDS, length // MIN_SHARD_BYTES)
+        least = MIN_SHARDS if length >= MIN_SHARDS * MIN_SHARD_BYTES else 1
         count = max(readers, least, -(-length // (shard_bytes or SHARD_BYTES)))
         count = -(-count // readers) * readers
     edges = [low + length * index // count for index in range(count + 1)]
