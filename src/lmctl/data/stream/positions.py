@@ -96,8 +96,8 @@ def check_split(shards: int, workers: int, processes: int, where: str) -> None:
         return
     fits = [n for n in range(1, shards // per_process + 1) if shards % (n * per_process) == 0]
     raise ConfigError(
-        f"{where}: its stream was read in {shards} shards, which {processes} processes x "
-        f"{per_process} dataloader reader(s) cannot share evenly",
+        f"{where}: its stream was read in {shards} shards, which {processes} processes of "
+        f"{per_process} reader(s) each (--dataloader-num-workers) cannot share evenly",
         "resume on a number of processes that shares them: " + ", ".join(map(str, fits[:16])),
     )
 
