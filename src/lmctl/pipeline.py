@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.data.mixture import load_named_sources
 from lmctl.data.prepared import cache_root
+from lmctl.data.stream.positions import recorded_shards
 from lmctl.data.stream.sources import Readers
 from lmctl.distributed import import_deepspeed_when_used
 from lmctl.fastpaths.allocator import keep_freed_blocks
@@ -232,7 +233,7 @@ def prepare(
         spec,
         objective,
         console,
-        readers=Readers(runtime.processes, runtime.workers),
+        readers=Readers(runtime.processes, runtime.workers, recorded_shards(runtime.resume)),
         resume=runtime.resume,
     )
     training = spec.loop.do_train

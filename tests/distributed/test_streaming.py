@@ -1,6 +1,7 @@
 """Streaming on two ranks x two dataloader workers with uneven shards: every pass and every
 evaluation ends on both ranks together (no rank left in a collective), no example is read by
-both ranks, and a run killed with SIGKILL resumes each rank from its own position."""
+both ranks, and a run killed with SIGKILL resumes each rank from its own position, or on one
+process from every rank's positions."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from lmctl.run import checkpoints
 from tests.distributed.conftest import (
     RECORDER,
     TINY_GPT2,
+    corpus_lines,
     kill_when,
     lmctl_command,
     records,
@@ -90,3 +92,85 @@ def test_uneven_stream_on_two_ranks_completes_and_resumes_per_rank(
     for rank in (0, 1):
         # Each rank continues from its own position in its own shards.
         assert records(seen_resumed, rank) == rows[rank][step * 8 :], f"rank {rank}"
+
+
+@pytest.fixture(scope="module")
+def short_pass(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Unique lines few enough that a pass ends within a short run."""
+    lines = corpus_lines()
+    folder = tmp_path_factory.mktemp("short")
+    train, valid = folder / "train.txt", folder / "valid.txt"
+    train.write_text("".join(f"{n} {line}\n" for n, line in enumerate(lines[:60])))
+    valid.write_text("".join(f"{line}\n" for line in lines[1500:1540]))
+    return train, valid
+
+
+def _first_pass(rows: list[tuple[int, ...]], before: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """``rows`` up to the first one read before (in ``before`` or earlier in ``rows``): where
+    the next pass starts again from a shard's start."""
+    seen = set(before)
+    for index, row in enumerate(rows):
+        if row in seen:
+            return rows[:index]
+        seen.add(row)
+    return rows
+
+
+@pytest.mark.parametrize("engine", ["trainer", "accelerate"])
+def test_a_stream_saved_by_two_processes_goes_on_with_one(
+    engine: str, bpe_tokenizer: Path, short_pass: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """SIGKILL after a checkpoint of two processes, `lmctl resume --nproc 1`: the one process
+    reads on from both ranks' positions, so its pass holds every example the two did not
+    train on before the checkpoint, none twice, and ends with the eval loss of an
+    uninterrupted run within 1%. A number of processes that cannot share the recorded
+    shards is refused first."""
+    train, valid = short_pass
+    steps = 14
+
+    def args(out: Path) -> list[str]:
+        return [
+            "train", "clm", *TINY_GPT2, "--tokenizer", str(bpe_tokenizer), "--train-file",
+            str(train), "--validation-file", str(valid), "--block-size", "16", "--streaming",
+            "--max-steps", str(steps), "--per-device-train-batch-size", "4",
+            "--learning-rate", "1e-3", "--save-steps", "4", "--import", str(RECORDER),
+            "--dataloader-num-workers", "2", "--engine", engine, "-o", str(out), "--nproc", "2",
+        ]  # fmt: skip
+
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    seen_full, seen_killed, seen_resumed = (tmp_path / n for n in ("sf", "sk", "sr"))
+    for folder in (seen_full, seen_killed, seen_resumed):
+        folder.mkdir()
+    proc = run(lmctl_command(*args(full)), tmp_path, {"LMCTL_RECORD_DIR": str(seen_full)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    slow = {"LMCTL_RECORD_DIR": str(seen_killed), "LMCTL_STEP_DELAY": "0.5"}
+    kill_when(start(lmctl_command(*args(killed)), tmp_path, slow), (killed / "checkpoint-4").is_dir)
+
+    refused = run(lmctl_command("resume", killed, "--nproc", "3"), tmp_path)
+    assert refused.returncode == 2, refused.stderr[-4000:]
+    assert "4 shards" in refused.stderr and "processes that shares them: 1, 2" in refused.stderr
+
+    resumed = run(
+        lmctl_command("resume", killed, "--nproc", "1"),
+        tmp_path,
+        {"LMCTL_RECORD_DIR": str(seen_resumed)},
+    )
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "continuing on 1 with the same global batch of 8" in resumed.stderr
+    assert "not batched in the uninterrupted run's order" in resumed.stderr
+    # What the two processes trained on before the checkpoint (4 steps of 4 examples each).
+    # (Two dataloader workers per process: their four shards split over one process's two.)
+    before = [row for rank in (0, 1) for row in records(seen_killed, rank)[: 4 * 4]]
+    assert len(set(before)) == len(before) == 32
+    full_rows = [records(seen_full, rank) for rank in (0, 1)]
+    assert before == full_rows[0][:16] + full_rows[1][:16]
+    trained = [row for rows in full_rows for row in rows]
+    assert len(set(trained)) < len(trained), "the uninterrupted run's pass did not end"
+    resumed_rows = records(seen_resumed, 0)
+    rest = _first_pass(resumed_rows, set(before))
+    assert len(rest) < len(resumed_rows), "the resumed pass did not end"
+    # None twice (_first_pass stops at the first repeat), none skipped: every example the
+    # uninterrupted run trained on (its passes hold the same examples) is in the pass.
+    assert set(trained) <= set(before) | set(rest)
+    final, uninterrupted = results(killed)["eval_loss"], results(full)["eval_loss"]
+    assert abs(final - uninterrupted) <= 0.01 * uninterrupted, (final, uninterrupted)

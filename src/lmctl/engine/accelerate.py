@@ -264,8 +264,8 @@ class AccelerateRun:
         loader.collate_fn.epoch = epoch
         if self._cursor is not None:
             self._cursor.begin_pass(epoch)
-        if batches_done:
-            loader = skip_first_batches(loader, batches_done)
+        if skip := batches_done if self._cursor is None else self._cursor.skipped(batches_done):
+            loader = skip_first_batches(loader, skip)
         return enumerate(self._even(loader), start=batches_done)
 
     def _even(self, loader: Any) -> Any:
@@ -572,7 +572,7 @@ class AccelerateRun:
         place_schedule(
             self.scheduler.scheduler, None if restored else state.global_step - self._schedule_start
         )
-        recorded = StreamRecord.read(path, self.accelerator.process_index)
+        recorded = StreamRecord.gather(path, acc.process_index, acc.num_processes)
         if recorded is not None:
             recorded.continue_in(self._cursor)
         return self._position

@@ -387,14 +387,14 @@ def _make_trainer_class() -> type:
                 # Resumed at the last step: nothing is left to train. (The Trainer would skip
                 # into the last epoch and take one step more before checking.)
                 return num_train_epochs, 0
-            checkpoint = resume_from_checkpoint
-            if self.stream_position is None or checkpoint is None or self.args.ignore_data_skip:
+            checkpoint, args = resume_from_checkpoint, self.args
+            if self.stream_position is None or checkpoint is None or args.ignore_data_skip:
                 return epochs, batches
-            recorded = StreamRecord.read(Path(checkpoint), self.args.process_index)
+            recorded = StreamRecord.gather(Path(checkpoint), args.process_index, args.world_size)
             if recorded is None:
                 return epochs, batches
             self.stream_position.resume_at(recorded)
-            return recorded.epoch, recorded.batches
+            return recorded.epoch, recorded.skipped()
 
     return LmctlTrainer
 

@@ -21,7 +21,7 @@ from lmctl.errors import ConfigError
 from lmctl.objectives import OBJECTIVES, get_objective
 from lmctl.run import checkpoints, history, reshard, rundir
 from lmctl.run.lock import HELD_ENV
-from lmctl.run.runtime import batch_on
+from lmctl.run.runtime import STREAM_WORLD_NOTE, batch_on
 from lmctl.storage import atomic
 from lmctl.storage.paths import is_remote, local_path, url_scheme
 
@@ -263,6 +263,8 @@ def _same_global_batch(
     ):
         saved = checkpoints.checkpoint_world_size(checkpoint)
         console.info(new.continuing(checkpoint.name, saved))
+        if run[0].streaming:
+            console.info(STREAM_WORLD_NOTE)
     return {
         "per_device_train_batch_size": new.per_device,
         "gradient_accumulation_steps": new.accumulation,

@@ -26,6 +26,14 @@ if TYPE_CHECKING:
     from lmctl.fastpaths.table import FastPaths, Setting
 
 
+#: Said when a stream continues on another number of processes than saved it.
+STREAM_WORLD_NOTE = (
+    "the stream goes on from every shard's recorded position, its shards shared between the "
+    "processes anew: no example is read twice or skipped, but the examples are not batched "
+    "in the uninterrupted run's order"
+)
+
+
 @dataclass(frozen=True)
 class Runtime:
     #: The autocast dtype (None: fp32).
@@ -114,6 +122,8 @@ def resume_point(
     if batch is not None and distributed.is_main_process():
         saved = checkpoints.checkpoint_world_size(checkpoint)
         console.info(batch.continuing(checkpoint.name, saved))
+        if spec.data.streaming:
+            console.info(STREAM_WORLD_NOTE)
     if checkpoint.is_dir() and not checkpoints.holds_training_state(checkpoint):
         console.info(
             f"{checkpoint.name} holds the model alone (save_only_model): training goes on "
@@ -133,14 +143,17 @@ def batch_on(
     recorded: the per-device batch and accumulation steps that keep it (None: it was saved by
     as many processes, or holds no training state). The seeded order of map-style data is
     split between processes by global batch, so every step trains on the same examples.
-    What is cut per process is refused: a stream's positions, sharded optimizer states,
-    length groups; and a global batch that does not split evenly. ``flag``: the option that
-    asked for ``processes``, named first in a refusal."""
+    A stream goes on from every shard's recorded position, its shards shared anew between
+    the processes. What is cut per process is refused: sharded optimizer states, length
+    groups; and a global batch, or a stream's recorded shards, that does not split evenly.
+    ``flag``: the option that asked for ``processes``, named first in a refusal."""
     asked = f"{flag}: " if flag else ""
     saved = checkpoints.checkpoint_world_size(checkpoint) if checkpoint.is_dir() else None
     if saved is None or saved == processes:
         return None
     problem = world_change_problem(*run)
+    if problem is None and run[0].streaming:
+        problem = _stream_split(checkpoint, processes, run[2].dataloader_num_workers, asked)
     shape = BatchShape.of_checkpoint(checkpoint)
     if problem is None and shape is None:
         problem = "it does not record its global batch (it was written by an older lmctl)"
@@ -159,6 +172,22 @@ def batch_on(
             "resume on a number of processes that divides it: " + ", ".join(map(str, fits)),
         )
     return new
+
+
+def _stream_split(checkpoint: Path, processes: int, workers: int, asked: str) -> str | None:
+    """Why the checkpoint's stream cannot go on with ``processes`` (None: it can); shards
+    that they cannot share evenly are refused here, naming the numbers that can."""
+    from lmctl.data.stream.positions import StreamRecord, check_split
+
+    record = StreamRecord.read(checkpoint)
+    if record is None or record.layout is None or record.readers is None:
+        return (
+            "its stream's positions were not recorded (a mixture read without them, or a "
+            "checkpoint of an older lmctl)"
+        )
+    workers = record.layout.get("workers", workers)
+    check_split(record.layout["shards"], workers, processes, f"{asked}{checkpoint.name}")
+    return None
 
 
 def check_world_size(checkpoint: Path, spec: RunSpec) -> BatchShape | None:
@@ -192,8 +221,6 @@ def check_world_size(checkpoint: Path, spec: RunSpec) -> BatchShape | None:
 
 def world_change_problem(data: DataSpec, scale: ScaleSpec, loop: LoopSpec) -> str | None:
     """Why a run cannot continue on another number of processes (None: it can)."""
-    if data.streaming:
-        return "a stream's recorded positions belong to the processes that read them"
     if scale.deepspeed and loop.engine != "trainer":
         return (
             "the accelerate engine does not reshard DeepSpeed ZeRO states (the trainer engine "

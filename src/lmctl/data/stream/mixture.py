@@ -123,7 +123,8 @@ def stream_named_sources(
         from lmctl.data.mixture import mixture_weights
 
         parts = [
-            _one(data, access, readers, source_where("train_sources", index, source), source,
+            _one(data, access, replace(readers, shards=None),
+                 source_where("train_sources", index, source), source,
                  text_options=text_options, records=records)
             for index, source in enumerate(data.train_sources)
         ]  # fmt: skip

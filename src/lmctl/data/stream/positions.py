@@ -38,6 +38,10 @@ class StreamPlan:
     was. It first yields one placeholder per example the shard had given before, so that
     ``datasets`` interleaves shards and the dataloader forms and interleaves batches exactly
     as in the uninterrupted run; the engine skips those batches without collating them.
+
+    Positions gathered from every process of a run saved by another number of processes are
+    kept per shard alone (worker :data:`MERGED`): whichever reader now holds a shard reads on
+    from its position, with no placeholders (see :func:`merge_readers`).
     """
 
     seed: int
@@ -56,10 +60,46 @@ class StreamPlan:
     def seek(self, worker: int, shard: int) -> tuple[int, list[int] | None]:
         """Placeholders to yield first, and the position to read on from (None: the
         shard's start)."""
-        record = (self.resume or {}).get((worker, shard))
-        if record is None or self.epoch != self.resume_epoch:
+        resume = self.resume or {}
+        if self.epoch != self.resume_epoch:
             return 0, None
-        return record[0], record[1:]
+        if (MERGED, shard) in resume:
+            return 0, resume[(MERGED, shard)][1:]
+        record = resume.get((worker, shard))
+        return (0, None) if record is None else (record[0], record[1:])
+
+
+#: The worker of a shard's position gathered from the processes of another world size: any
+#: reader that holds the shard now goes on from it.
+MERGED = -1
+
+
+def merge_readers(records: list[dict[str, list[int]]]) -> dict[str, list[int]]:
+    """The positions recorded by every process of a run, per shard alone (``"-1:<shard>"``).
+    Processes read disjoint shards; a shard found in several records (positions gathered
+    before, carried by every process) keeps the one that gave the most examples: the
+    process that read on in it."""
+    merged: dict[int, list[int]] = {}
+    for readers in records:
+        for key, record in readers.items():
+            shard = int(key.split(":")[1])
+            if shard not in merged or record[0] > merged[shard][0]:
+                merged[shard] = [int(value) for value in record]
+    return {f"{MERGED}:{shard}": merged[shard] for shard in sorted(merged)}
+
+
+def check_split(shards: int, workers: int, processes: int, where: str) -> None:
+    """Refuse a stream of ``shards`` recorded shards that ``processes`` processes of
+    ``workers`` dataloader workers each cannot share evenly (``where``: the checkpoint)."""
+    per_process = max(1, workers)
+    if shards % (processes * per_process) == 0:
+        return
+    fits = [n for n in range(1, shards // per_process + 1) if shards % (n * per_process) == 0]
+    raise ConfigError(
+        f"{where}: its stream was read in {shards} shards, which {processes} processes of "
+        f"{per_process} reader(s) each (--dataloader-num-workers) cannot share evenly",
+        "resume on a number of processes that shares them: " + ", ".join(map(str, fits[:16])),
+    )
 
 
 #: A batch's stream mark: one row per (worker, shard) of its examples: the worker, the
@@ -75,6 +115,9 @@ class StreamCursor:
     def __init__(self, plan: StreamPlan) -> None:
         self.plan = plan
         self.readers: dict[tuple[int, int], list[int]] = {}
+        #: Whether this pass goes on from positions gathered per shard (see ``MERGED``): no
+        #: placeholders, so the engine skips no batches.
+        self.merged = False
 
     def begin_pass(self, epoch: int) -> None:
         """Called before the pass's dataloader iterator is made."""
@@ -82,6 +125,11 @@ class StreamCursor:
         if epoch != self.plan.resume_epoch:
             self.plan.resume = None
             self.readers = {}
+            self.merged = False
+
+    def skipped(self, batches: int) -> int:
+        """The batches of a resumed pass that are placeholders to skip."""
+        return 0 if self.merged else batches
 
     def take(self, batch: Any) -> None:
         """Remove the mark from a training batch and remember its positions."""
@@ -93,6 +141,7 @@ class StreamCursor:
             raise RuntimeError("a placeholder batch of a resumed stream reached training")
         for begin in range(0, len(values), MARK_WIDTH):
             worker, shard, count, *position = values[begin : begin + MARK_WIDTH]
+            worker = MERGED if self.merged else worker
             given = self.readers.get((worker, shard), [0])[0]
             self.readers[(worker, shard)] = [given + count, *position]
 
@@ -120,6 +169,7 @@ class StreamCursor:
             resume[(worker, shard)] = [int(value) for value in record]
         self.plan.resume_epoch, self.plan.resume = epoch, resume
         self.readers = {key: list(record) for key, record in resume.items()}
+        self.merged = any(worker == MERGED for worker, _ in resume)
 
 
 #: For each part of a stream's layout: the problem and the fix when a resume changes it.
@@ -262,6 +312,32 @@ class StreamRecord:
         if cursor is not None and self.readers is not None:
             cursor.restore(self.epoch, self.readers, self.layout)
 
+    @property
+    def merged(self) -> bool:
+        """Whether the positions were gathered per shard (see :func:`merge_readers`)."""
+        return any(key.startswith(f"{MERGED}:") for key in self.readers or {})
+
+    def skipped(self) -> int:
+        """The batches of the pass that a resumed reader yields as placeholders."""
+        return 0 if self.merged else self.batches
+
+    @classmethod
+    def gather(cls, checkpoint: Path, rank: int, processes: int) -> StreamRecord | None:
+        """The position that process ``rank`` of ``processes`` goes on from: its own record
+        when the checkpoint was saved by as many processes, else the records of all of them
+        merged per shard (the shard layout stays the one recorded)."""
+        own = cls.read(checkpoint, rank)
+        saved = len(list(checkpoint.glob("stream_position*.json")))
+        if saved == processes and (own is None or not own.merged):
+            return own
+        records = [cls.read(checkpoint, index) for index in range(saved)]
+        if not records or any(r is None or r.readers is None for r in records):
+            return own
+        first = records[0]
+        assert first is not None
+        readers = merge_readers([r.readers for r in records if r is not None and r.readers])
+        return cls(first.epoch, first.batches, readers, first.layout)
+
     @staticmethod
     def file(checkpoint: Path, rank: int) -> Path:
         """Each process records its own position: ``stream_position.json`` for the first,
@@ -289,3 +365,9 @@ class StreamRecord:
             return cls(int(data["epoch"]), int(data["batches"]), readers, layout)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
+
+
+def recorded_shards(checkpoint: Path | None) -> int | None:
+    """The training stream's shard count that ``checkpoint`` recorded (None: none)."""
+    record = StreamRecord.read(checkpoint) if checkpoint is not None else None
+    return None if record is None or record.layout is None else record.layout.get("shards")

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 
 #: Target size of one byte-range shard: small enough to shuffle and balance well.
 SHARD_BYTES = 64 << 20
+#: Data of at least ``MIN_SHARDS`` times ``MIN_SHARD_BYTES`` is cut into at least
+#: ``MIN_SHARDS`` shards, so that a run can later go on with more processes (which must share
+#: the shards the run started with evenly, see ``positions.check_split``).
+MIN_SHARDS = 8
+MIN_SHARD_BYTES = 1 << 20
 #: Bytes read per call; texts are handed to the tokenizer in batches of this size or less.
 READ_BYTES = 1 << 20
 
@@ -172,18 +177,23 @@ def plan_shards(
     window: tuple[int, int],
     readers: int,
     shard_bytes: int | None = None,
+    count: int | None = None,
 ) -> list[Shard]:
     """Cut bytes ``window`` of the files laid end to end into equal shards.
 
-    The count is a multiple of ``readers`` (at least one shard each) and shards are at most
-    about ``shard_bytes``, so ranks and workers get equal shares however they split the list.
+    The count is a multiple of ``readers`` (at least one shard each), at least
+    :data:`MIN_SHARDS` of data large enough, and shards are at most about ``shard_bytes``, so
+    ranks and workers get equal shares however they split the list. ``count``: exactly so
+    many (the shards that a resumed run's checkpoint recorded).
     """
     low, high = window
     length = high - low
     if length <= 0:
         return []
-    count = max(readers, -(-length // (shard_bytes or SHARD_BYTES)))
-    count = -(-count // readers) * readers
+    if count is None:
+        least = MIN_SHARDS if length >= MIN_SHARDS * MIN_SHARD_BYTES else 1
+        count = max(readers, least, -(-length // (shard_bytes or SHARD_BYTES)))
+        count = -(-count // readers) * readers
     edges = [low + length * index // count for index in range(count + 1)]
     offsets = []
     position = 0

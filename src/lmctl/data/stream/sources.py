@@ -46,6 +46,9 @@ class Readers:
 
     processes: int
     workers: int
+    #: The training stream's shard count that the checkpoint a run resumes from recorded
+    #: (None: planned for these readers); kept when the number of processes changes.
+    shards: int | None = None
 
     @property
     def count(self) -> int:
@@ -145,7 +148,8 @@ def _line_sources(
             raise DataError(f"{path}: no file matches", "check the path or pattern")
         total = sum(size for _, size in files)
         window = (int(total * low), int(total * high))
-        shards = plan_shards(files, window, readers.count)
+        recorded = readers.shards if split == "train" else None
+        shards = plan_shards(files, window, readers.count, count=recorded)
         where = path if (low, high) == (0.0, 1.0) else f"{path} ({split} part)"
         if not shards:
             raise DataError(

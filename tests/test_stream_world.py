@@ -1,0 +1,116 @@
+"""A stream saved by N processes goes on with M: the positions of every process are gathered
+per shard, each shard goes on from its position wherever it is read now, and shards that
+the new readers cannot share evenly are refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from lmctl.data.stream import readers
+from lmctl.data.stream.positions import (
+    POSITION_COLUMN,
+    ReadPoint,
+    StreamCursor,
+    StreamPlan,
+    StreamRecord,
+    check_split,
+    merge_readers,
+    positioned,
+    strip_positions,
+)
+from lmctl.errors import ConfigError
+
+SHARDS, PER_SHARD, WINDOW = 8, 11, 3
+
+
+def _examples(shard: int, point: ReadPoint) -> Iterator[tuple[dict[str, Any], ReadPoint]]:
+    first = 0 if point[0] < 0 else point[1]
+    for index in range(first, PER_SHARD):
+        yield {"id": shard * 100 + index}, (0, index + 1, 0)
+
+
+def _read(
+    world: int, rank: int, plan: StreamPlan, cursor: StreamCursor, limit: int | None
+) -> list[int]:
+    """What one rank reads of its shares (every ``world``-th shard), in batches of 2 that
+    its cursor takes; ``limit``: stop after so many examples (None: to the end)."""
+    stream = positioned(list(range(SHARDS))[rank::world], plan, _examples)
+    seen: list[int] = []
+    while limit is None or len(seen) < limit:
+        batch = [example for _, example in zip(range(2), stream, strict=False)]
+        if not batch:
+            break
+        clean, mark, placeholders = strip_positions(batch)
+        assert not placeholders and mark is not None
+        cursor.take({POSITION_COLUMN: torch.tensor([mark])})
+        seen.extend(example["id"] for example in clean)
+    return seen
+
+
+def _plan() -> StreamPlan:
+    return StreamPlan(seed=3, window=WINDOW, shards=list(range(SHARDS)))
+
+
+@pytest.mark.parametrize(("saved", "resumed"), [(2, 1), (1, 2), (2, 4), (4, 2)])
+def test_positions_of_every_rank_go_on_with_another_number(
+    tmp_path: Path, saved: int, resumed: int
+) -> None:
+    read: list[int] = []
+    for rank in range(saved):
+        plan = _plan()
+        cursor = StreamCursor(plan)
+        read += _read(saved, rank, plan, cursor, limit=14 + 6 * rank)
+        StreamRecord.of(0, 7, cursor).write(tmp_path, rank)
+    for rank in range(resumed):
+        record = StreamRecord.gather(tmp_path, rank, resumed)
+        assert record is not None and record.merged and record.skipped() == 0
+        plan = _plan()
+        cursor = StreamCursor(plan)
+        record.continue_in(cursor)
+        cursor.begin_pass(0)
+        read += _read(resumed, rank, plan, cursor, limit=None)
+    # Nothing read twice, nothing skipped.
+    assert sorted(read) == [shard * 100 + n for shard in range(SHARDS) for n in range(PER_SHARD)]
+
+
+def test_a_second_resume_in_the_pass_gathers_again(tmp_path: Path) -> None:
+    """After a change of world, every process carries every shard's position; the one that
+    read on in a shard has given more of it, and wins when they are gathered again."""
+    first = {"-1:0": [4, 0, 4, 0, 0], "-1:1": [2, 0, 2, 0, 0]}
+    second = {"-1:0": [2, 0, 2, 0, 0], "-1:1": [6, 0, 6, 0, 0]}
+    assert merge_readers([first, second]) == {"-1:0": first["-1:0"], "-1:1": second["-1:1"]}
+    for rank, readers_ in enumerate((first, second)):
+        StreamRecord(0, 3, readers_, {"workers": 0, "window": 1, "shards": 2}).write(tmp_path, rank)
+    record = StreamRecord.gather(tmp_path, 0, 2)  # the same world: gathered all the same
+    assert record is not None and record.readers == merge_readers([first, second])
+
+
+def test_the_same_number_of_processes_reads_its_own_record(tmp_path: Path) -> None:
+    own = StreamRecord(0, 3, {"1:2": [5, 0, 9, 0, 1]}, {"workers": 2, "window": 1, "shards": 4})
+    own.write(tmp_path, 1)
+    StreamRecord(0, 3, {"0:1": [5, 0, 9, 0, 1]}, own.layout).write(tmp_path, 0)
+    record = StreamRecord.gather(tmp_path, 1, 2)
+    assert record == own and not record.merged and record.skipped() == 3
+
+
+def test_shards_that_do_not_split_evenly_are_refused() -> None:
+    check_split(8, 0, 4, "checkpoint-4")
+    check_split(8, 2, 2, "checkpoint-4")
+    with pytest.raises(ConfigError) as caught:
+        check_split(8, 2, 3, "checkpoint-4")
+    assert "8 shards" in str(caught.value)
+    assert caught.value.hint is not None and caught.value.hint.endswith(": 1, 2, 4")
+
+
+def test_large_data_is_cut_into_several_shards_and_a_recorded_count_is_kept() -> None:
+    files = [("big.txt", 9 << 20)]
+    assert len(readers.plan_shards(files, (0, 9 << 20), readers=1)) == readers.MIN_SHARDS
+    assert len(readers.plan_shards(files, (0, 9 << 20), readers=3)) == 9
+    assert len(readers.plan_shards([("small.txt", 5000)], (0, 5000), readers=2)) == 2
+    assert len(readers.plan_shards([("mid.txt", 3 << 20)], (0, 3 << 20), readers=1)) == 1
+    assert len(readers.plan_shards(files, (0, 9 << 20), readers=2, count=2)) == 2
