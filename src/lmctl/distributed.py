@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import Any
 
 #: How long the other processes wait for a value the main process computes (torch's own
@@ -164,6 +165,13 @@ class EvenBatches:
             close = getattr(iterator, "close", None)
             if close is not None:
                 close()
+
+
+def take_evenly(batches: Iterator[Any], count: int, device: Any) -> list[Any]:
+    """Up to ``count`` batches of ``batches``, as many on every process as the process with
+    the fewest has (every process must call this)."""
+    taken = list(islice(batches, count))
+    return taken[: agreed_minimum(len(taken), device)]
 
 
 def agreed_minimum(value: int, device: Any) -> int:

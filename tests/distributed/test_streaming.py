@@ -174,3 +174,29 @@ def test_a_stream_saved_by_two_processes_goes_on_with_one(
     assert set(trained) <= set(before) | set(rest)
     final, uninterrupted = results(killed)["eval_loss"], results(full)["eval_loss"]
     assert abs(final - uninterrupted) <= 0.01 * uninterrupted, (final, uninterrupted)
+
+
+@pytest.mark.parametrize("engine", ["trainer", "accelerate"])
+def test_a_stream_without_dataloader_workers_ends_its_pass_on_both_processes(
+    engine: str, bpe_tokenizer: Path, short_pass: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Each process reads its stream itself (no dataloader workers): when one runs out
+    within an accumulation window and the other does not, both end the pass there and go on
+    into the next. (The Trainer's count of a window's tokens gathers across processes only
+    where there is a batch: counted before the cut, the processes fell out of step and hung;
+    Accelerate closed the window at the end of the data on one process only.)"""
+    train, valid = short_pass
+    out, seen = tmp_path / "run", tmp_path / "seen"
+    seen.mkdir()
+    args = [
+        "train", "clm", *TINY_GPT2, "--tokenizer", str(bpe_tokenizer), "--train-file",
+        str(train), "--validation-file", str(valid), "--block-size", "16", "--streaming",
+        "--max-steps", "14", "--per-device-train-batch-size", "4",
+        "--gradient-accumulation-steps", "2", "--import", str(RECORDER), "--engine", engine,
+        "-o", str(out), "--nproc", "2",
+    ]  # fmt: skip
+    proc = run(lmctl_command(*args), tmp_path, {"LMCTL_RECORD_DIR": str(seen)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (out / "checkpoint-14").is_dir() and (out / "model.safetensors").is_file()
+    rows = [row for rank in (0, 1) for row in records(seen, rank)]
+    assert len(set(rows)) < len(rows), "the pass did not end within the run"

@@ -22,13 +22,23 @@ def make_accelerator(spec: RunSpec, runtime: Runtime, run_dir: Path) -> Any:
     precision of ``accelerate launch --mixed_precision`` (or its config) applies.
     """
     from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
+    from accelerate.utils import (
+        DataLoaderConfiguration,
+        GradientAccumulationPlugin,
+        ProjectConfiguration,
+    )
 
     precision, loop = runtime.precision, spec.loop
     try:
         accelerator = Accelerator(
             cpu=runtime.cpu_only,
-            gradient_accumulation_steps=loop.gradient_accumulation_steps,
+            # A stream's window closes when it is full, as the Trainer's does: its pass ends
+            # at a different batch on each process (cut to the shortest), where Accelerate
+            # would close the window on one process and not on another.
+            gradient_accumulation_plugin=GradientAccumulationPlugin(
+                num_steps=loop.gradient_accumulation_steps,
+                sync_with_dataloader=not spec.data.streaming,
+            ),
             mixed_precision=precision,
             log_with=list(spec.tracking.report_to) or None,
             project_config=ProjectConfiguration(

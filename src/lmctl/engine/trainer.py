@@ -301,14 +301,12 @@ def _make_trainer_class() -> type:
             as many on each as the process with the fewest has (streams split by shards
             end at different points, and a process that ran out would leave the others
             blocked in a gradient all-reduce)."""
-            samples, items = super().get_batch_samples(epoch_iterator, num_batches, device)
             if self.args.world_size == 1 or has_length(self.train_dataset):
-                return samples, items
-            common = distributed.agreed_minimum(len(samples), self.args.device)
-            if common < len(samples):
-                samples = samples[:common]
-                items = self._get_num_items_in_batch(samples, device)
-            return samples, items
+                return super().get_batch_samples(epoch_iterator, num_batches, device)
+            # Counted after the cut, on every process: counting gathers across processes
+            # when there is a batch, and a process with none would miss that collective.
+            samples = distributed.take_evenly(epoch_iterator, num_batches, self.args.device)
+            return samples, self._get_num_items_in_batch(samples, device)
 
         def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
             """One pass over the training data; the seeded collator learns which pass it is
