@@ -200,3 +200,60 @@ def test_a_stream_without_dataloader_workers_ends_its_pass_on_both_processes(
     assert (out / "checkpoint-14").is_dir() and (out / "model.safetensors").is_file()
     rows = [row for rank in (0, 1) for row in records(seen, rank)]
     assert len(set(rows)) < len(rows), "the pass did not end within the run"
+
+
+@pytest.fixture(scope="module")
+def eight_shards(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Text large enough (8 MiB) to be cut into 8 shards however few processes read it, so
+    that a run of one process can go on with two."""
+    folder = tmp_path_factory.mktemp("eight")
+    lines = corpus_lines()
+    train, valid = folder / "train.txt", folder / "valid.txt"
+    with train.open("w") as out:
+        n = 0
+        while out.tell() < 8 << 20:
+            out.write(f"{n} {lines[n % 1500]}\n")
+            n += 1
+    valid.write_text("".join(f"{line}\n" for line in lines[1500:1540]))
+    return train, valid
+
+
+@pytest.mark.parametrize("engine", ["trainer", "accelerate"])
+def test_a_stream_saved_by_one_process_goes_on_with_two(
+    engine: str, bpe_tokenizer: Path, eight_shards: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """SIGKILL after a checkpoint of one process, `lmctl resume --nproc 2`: the two share the
+    eight shards and read on from their positions: no example trained twice, the global
+    batch kept, and the eval loss of an uninterrupted run within 1%."""
+    train, valid = eight_shards
+
+    def args(out: Path) -> list[str]:
+        return [
+            "train", "clm", *TINY_GPT2, "--tokenizer", str(bpe_tokenizer), "--train-file",
+            str(train), "--validation-file", str(valid), "--block-size", "16", "--streaming",
+            "--max-steps", "12", "--per-device-train-batch-size", "4",
+            "--gradient-accumulation-steps", "2", "--learning-rate", "1e-3", "--save-steps", "4",
+            "--import", str(RECORDER), "--engine", engine, "-o", str(out),
+        ]  # fmt: skip
+
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    seen_killed, seen_resumed = tmp_path / "sk", tmp_path / "sr"
+    seen_killed.mkdir()
+    seen_resumed.mkdir()
+    proc = run(lmctl_command(*args(full)), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    slow = {"LMCTL_RECORD_DIR": str(seen_killed), "LMCTL_STEP_DELAY": "0.5"}
+    kill_when(start(lmctl_command(*args(killed)), tmp_path, slow), (killed / "checkpoint-4").is_dir)
+    resumed = run(
+        lmctl_command("resume", killed, "--nproc", "2"),
+        tmp_path,
+        {"LMCTL_RECORD_DIR": str(seen_resumed)},
+    )
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "continuing on 2 with the same global batch of 8" in resumed.stderr
+    before = records(seen_killed, 0)[: 4 * 8]
+    after = [row for rank in (0, 1) for row in records(seen_resumed, rank)]
+    assert len(before) == 32 and len(after) == 8 * 8
+    assert len(set(before + after)) == len(before) + len(after), "an example trained twice"
+    final, uninterrupted = results(killed)["eval_loss"], results(full)["eval_loss"]
+    assert abs(final - uninterrupted) <= 0.01 * uninterrupted, (final, uninterrupted)
