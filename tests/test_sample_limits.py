@@ -37,7 +37,10 @@ def gapped_lines(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     [
         ("clm", TINY_GPT2, ["--block-size", "32"]),
         pytest.param(("mlm", TINY_BERT, ["--max-seq-length", "32"]), marks=pytest.mark.slow),
-        ("mlm", TINY_BERT, ["--max-seq-length", "32", "--line-by-line"]),
+        pytest.param(
+            ("mlm", TINY_BERT, ["--max-seq-length", "32", "--line-by-line"]),
+            marks=pytest.mark.slow,
+        ),
         pytest.param(
             ("plm", TINY_XLNET, ["--max-seq-length", "32", "--line-by-line"]),
             marks=pytest.mark.slow,

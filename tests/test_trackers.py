@@ -16,7 +16,7 @@ import pytest
 from lmctl.console import Console, OutputOptions
 from lmctl.errors import ConfigError
 from lmctl.run.tracking import default_stores, tracker_failures
-from tests.conftest import lmctl, tiny_clm_args
+from tests.conftest import lmctl, slow_except, tiny_clm_args
 
 #: What users set to choose where trackers log; every test here runs without them.
 TRACKER_VARIABLES = (
@@ -89,7 +89,7 @@ def tiny_run(
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", slow_except(ENGINES, "trainer"))
 def test_mlflow_file_store(
     engine: str,
     bpe_tokenizer: Path,
@@ -128,7 +128,7 @@ print(json.dumps(SQLiteStorage.get_logs(sys.argv[1], sys.argv[2]), default=str))
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", slow_except(ENGINES, "trainer"))
 def test_trackio_local(
     engine: str, bpe_tokenizer: Path, text_files: tuple[Path, Path], tmp_path: Path
 ) -> None:
