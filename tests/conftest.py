@@ -38,6 +38,16 @@ def isolated_caches(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True)
+def no_stop_request_of_an_earlier_test() -> None:
+    """A signal that a command run in this process received stays recorded after it (an
+    upload waited for once training stopped gives up in time too; a process runs one
+    command): each test starts without one, whichever test ran before it in this worker."""
+    from lmctl.run import signals
+
+    signals._last = None
+
+
 def corpus_lines() -> list[str]:
     return [line for line in EMBEDDED_CORPUS.read_text(encoding="utf-8").splitlines() if line]
 
