@@ -115,9 +115,6 @@ class StreamCursor:
     def __init__(self, plan: StreamPlan) -> None:
         self.plan = plan
         self.readers: dict[tuple[int, int], list[int]] = {}
-        #: Whether this pass goes on from positions gathered per shard (see ``MERGED``): no
-        #: placeholders, so the engine skips no batches.
-        self.merged = False
 
     def begin_pass(self, epoch: int) -> None:
         """Called before the pass's dataloader iterator is made."""
@@ -125,7 +122,12 @@ class StreamCursor:
         if epoch != self.plan.resume_epoch:
             self.plan.resume = None
             self.readers = {}
-            self.merged = False
+
+    @property
+    def merged(self) -> bool:
+        """Whether this pass goes on from positions gathered per shard (see ``MERGED``): no
+        placeholders, so the engine skips no batches."""
+        return any(worker == MERGED for worker, _ in self.plan.resume or {})
 
     def skipped(self, batches: int) -> int:
         """The batches of a resumed pass that are placeholders to skip."""
@@ -169,7 +171,6 @@ class StreamCursor:
             resume[(worker, shard)] = [int(value) for value in record]
         self.plan.resume_epoch, self.plan.resume = epoch, resume
         self.readers = {key: list(record) for key, record in resume.items()}
-        self.merged = any(worker == MERGED for worker, _ in resume)
 
 
 #: For each part of a stream's layout: the problem and the fix when a resume changes it.
