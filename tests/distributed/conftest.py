@@ -177,11 +177,16 @@ def max_difference(a: dict[str, Any], b: dict[str, Any]) -> float:
 def unique_lines(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Train/validation text whose lines are all different, so that two ranks reading the
     same example shows."""
+    return unique_text(tmp_path_factory.mktemp("unique"), 600, 64)
+
+
+def unique_text(folder: Path, train_lines: int, valid_lines: int) -> tuple[Path, Path]:
+    """``train.txt`` of ``train_lines`` numbered (so all different) lines of the corpus, and
+    ``valid.txt`` of ``valid_lines`` others, in ``folder``."""
     lines = corpus_lines()
-    folder = tmp_path_factory.mktemp("unique")
     train, valid = folder / "train.txt", folder / "valid.txt"
-    train.write_text("".join(f"{n} {line}\n" for n, line in enumerate(lines[:600])))
-    valid.write_text("".join(f"{line}\n" for line in lines[1500:1564]))
+    train.write_text("".join(f"{n} {line}\n" for n, line in enumerate(lines[:train_lines])))
+    valid.write_text("".join(f"{line}\n" for line in lines[1500 : 1500 + valid_lines]))
     return train, valid
 
 

@@ -5,6 +5,7 @@ process from every rank's positions."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from tests.distributed.conftest import (
     results,
     run,
     start,
+    unique_text,
 )
 
 pytestmark = pytest.mark.distributed
@@ -83,12 +85,7 @@ def test_uneven_stream_on_two_ranks_completes_and_resumes_per_rank(
     step = checkpoints.checkpoint_step(checkpoint)
     seen_resumed = tmp_path / "seen-resumed"
     seen_resumed.mkdir()
-    resumed = run(
-        lmctl_command("resume", killed, "--nproc", "2"),
-        tmp_path,
-        {"LMCTL_RECORD_DIR": str(seen_resumed)},
-    )
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    _resume_on(2, killed, tmp_path, seen_resumed)
     for rank in (0, 1):
         # Each rank continues from its own position in its own shards.
         assert records(seen_resumed, rank) == rows[rank][step * 8 :], f"rank {rank}"
@@ -97,12 +94,17 @@ def test_uneven_stream_on_two_ranks_completes_and_resumes_per_rank(
 @pytest.fixture(scope="module")
 def short_pass(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Unique lines few enough that a pass ends within a short run."""
-    lines = corpus_lines()
-    folder = tmp_path_factory.mktemp("short")
-    train, valid = folder / "train.txt", folder / "valid.txt"
-    train.write_text("".join(f"{n} {line}\n" for n, line in enumerate(lines[:60])))
-    valid.write_text("".join(f"{line}\n" for line in lines[1500:1540]))
-    return train, valid
+    return unique_text(tmp_path_factory.mktemp("short"), 60, 40)
+
+
+def _resume_on(
+    nproc: int, run_dir: Path, cwd: Path, seen: Path
+) -> subprocess.CompletedProcess[str]:
+    """``lmctl resume RUN_DIR --nproc N``, its examples recorded in ``seen``; it must finish."""
+    command = lmctl_command("resume", run_dir, "--nproc", str(nproc))
+    resumed = run(command, cwd, {"LMCTL_RECORD_DIR": str(seen)})
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    return resumed
 
 
 def _first_pass(rows: list[tuple[int, ...]], before: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -150,12 +152,7 @@ def test_a_stream_saved_by_two_processes_goes_on_with_one(
     assert refused.returncode == 2, refused.stderr[-4000:]
     assert "4 shards" in refused.stderr and "processes that shares them: 1, 2" in refused.stderr
 
-    resumed = run(
-        lmctl_command("resume", killed, "--nproc", "1"),
-        tmp_path,
-        {"LMCTL_RECORD_DIR": str(seen_resumed)},
-    )
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    resumed = _resume_on(1, killed, tmp_path, seen_resumed)
     assert "continuing on 1 with the same global batch of 8" in resumed.stderr
     assert "not batched in the uninterrupted run's order" in resumed.stderr
     # What the two processes trained on before the checkpoint (4 steps of 4 examples each).
@@ -244,12 +241,7 @@ def test_a_stream_saved_by_one_process_goes_on_with_two(
     assert proc.returncode == 0, proc.stderr[-4000:]
     slow = {"LMCTL_RECORD_DIR": str(seen_killed), "LMCTL_STEP_DELAY": "0.5"}
     kill_when(start(lmctl_command(*args(killed)), tmp_path, slow), (killed / "checkpoint-4").is_dir)
-    resumed = run(
-        lmctl_command("resume", killed, "--nproc", "2"),
-        tmp_path,
-        {"LMCTL_RECORD_DIR": str(seen_resumed)},
-    )
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    resumed = _resume_on(2, killed, tmp_path, seen_resumed)
     assert "continuing on 2 with the same global batch of 8" in resumed.stderr
     before = records(seen_killed, 0)[: 4 * 8]
     after = [row for rank in (0, 1) for row in records(seen_resumed, rank)]
