@@ -148,3 +148,13 @@ def test_sigkill_then_resume_of_a_stream_trains_on_the_same_examples(
         assert last is not None
         ended = json.loads((last / "stream_position.json").read_text())
         assert ended["epoch"] >= 1, "the test needs the mixture to have ended a pass"
+        # The examples of each source trained on: counted on from the checkpoint, as many
+        # as the uninterrupted run's, which are every example it trained on.
+        full, resumed = (
+            json.loads((tmp_path / name / "all_results.json").read_text())
+            for name in ("full", "killed")
+        )
+        counts = {name: full[f"train_{name}_examples"] for name in ("table", "books")}
+        assert all(counts.values())
+        assert sum(counts.values()) == len(records(tmp_path / "seen-full", 0))
+        assert {name: resumed[f"train_{name}_examples"] for name in counts} == counts

@@ -215,6 +215,12 @@ def test_a_streamed_mixture_trains_and_evaluates_each_source_without_its_secret(
         assert results[f"eval_{name}_loss"] > 0
         assert results[f"eval_{name}_perplexity"] > 1
     assert "eval_loss" in results
+    # The examples of each source that training read, over the two dataloader workers.
+    examples = {name: results[f"train_{name}_examples"] for name in ("table", "books")}
+    assert sum(examples.values()) == results["train_samples"] == 3 * 8
+    for name, count in examples.items():
+        assert 0 < count < 3 * 8
+        assert results[f"train_{name}_share"] == round(count / (3 * 8), 4)
     for text in (proc.stdout, proc.stderr):
         assert SECRET not in text
     for path in (work / "out").rglob("*"):

@@ -114,3 +114,45 @@ def test_large_data_is_cut_into_several_shards_and_a_recorded_count_is_kept() ->
     assert len(readers.plan_shards([("small.txt", 5000)], (0, 5000), readers=2)) == 2
     assert len(readers.plan_shards([("mid.txt", 3 << 20)], (0, 3 << 20), readers=1)) == 1
     assert len(readers.plan_shards(files, (0, 9 << 20), readers=2, count=2)) == 2
+
+
+def test_a_mixture_counts_the_examples_of_each_source_over_passes_and_worlds(
+    tmp_path: Path,
+) -> None:
+    """A streamed mixture's shards are numbered ``(source, shard)``: each process counts the
+    examples of each source it trained on, over every pass; a checkpoint keeps the counts,
+    each process goes on from its own, and from another number of processes the first goes
+    on from their sum."""
+    shards = [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+    def cursor_of() -> StreamCursor:
+        return StreamCursor(StreamPlan(seed=3, window=1, shards=shards, parts=["web", "code"]))
+
+    def take(cursor: StreamCursor, shard: int, count: int) -> None:
+        cursor.take({POSITION_COLUMN: torch.tensor([[0, shard, count, 0, count, 0, 0]])})
+
+    ranks = [cursor_of(), cursor_of()]
+    take(ranks[0], 0, 5)
+    take(ranks[0], 2, 2)
+    take(ranks[1], 1, 3)
+    take(ranks[1], 3, 4)
+    ranks[0].begin_pass(1)  # a new pass starts its positions again, not its counts
+    take(ranks[0], 0, 1)
+    assert ranks[0].source_counts() == {"web": 6, "code": 2}
+    assert ranks[1].source_counts() == {"web": 3, "code": 4}
+    for rank, cursor in enumerate(ranks):
+        StreamRecord.of(1, 3, cursor).write(tmp_path, rank)
+    for rank, cursor in enumerate(ranks):
+        again = cursor_of()
+        record = StreamRecord.gather(tmp_path, rank, 2)
+        assert record is not None
+        record.continue_in(again)
+        assert again.source_counts() == cursor.source_counts()
+    total, none = {"web": 9, "code": 6}, {"web": 0, "code": 0}
+    for rank, processes, expected in ((0, 1, total), (0, 4, total), (3, 4, none)):
+        elsewhere = cursor_of()
+        record = StreamRecord.gather(tmp_path, rank, processes)
+        assert record is not None
+        record.continue_in(elsewhere)
+        assert elsewhere.source_counts() == expected
+    assert StreamCursor(_plan()).source_counts() == {}

@@ -167,6 +167,17 @@ class EvenBatches:
                 close()
 
 
+def evened(loader: Any, accelerator: Any) -> Any:
+    """``loader`` itself, or where it has no length (a stream's) on several processes of
+    ``accelerator``, its batches ending on every process together (:class:`EvenBatches`)."""
+    try:
+        len(loader)
+    except TypeError:
+        if accelerator.num_processes > 1:
+            return EvenBatches(loader, accelerator.device)
+    return loader
+
+
 def take_evenly(batches: Iterator[Any], count: int, device: Any) -> list[Any]:
     """Up to ``count`` batches of ``batches``, as many on every process as the process with
     the fewest has (every process must call this)."""

@@ -118,7 +118,9 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
             if mirror is not None:
                 mirror.finish()  # this machine's part of the last checkpoints goes up first
             return {"output_dir": shown, "global_step": result.global_step, "metrics": {}}
-        if result.train_metrics and prepared.mixture:
+        if result.train_metrics and result.mixture:
+            result.train_metrics.update(lifecycle.mixture_figures(result.mixture, "examples"))
+        elif result.train_metrics and prepared.mixture:
             result.train_metrics.update(lifecycle.mixture_figures(prepared.mixture))
         results = lifecycle.finish_run_dir(
             run_dir,

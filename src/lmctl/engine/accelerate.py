@@ -46,6 +46,7 @@ from lmctl.run.lifecycle import (
     save_final_model,
     stop_agreed,
     train_samples,
+    trained_mixture,
     training_record,
 )
 from lmctl.run.progress import StepReporter
@@ -252,8 +253,9 @@ class AccelerateRun:
         )
         self.reporter.end()
         self._save_model()
+        mixture = trained_mixture(self._cursor, acc)
         return EngineResult(
-            train_metrics=train_metrics, global_step=state.global_step, resumed_from=checkpoint
+            train_metrics, global_step=state.global_step, resumed_from=checkpoint, mixture=mixture
         )
 
     def _batches(self, loader: Any, epoch: int, batches_done: int) -> Any:
@@ -266,14 +268,7 @@ class AccelerateRun:
             self._cursor.begin_pass(epoch)
         if skip := batches_done if self._cursor is None else self._cursor.skipped(batches_done):
             loader = skip_first_batches(loader, skip)
-        return enumerate(self._even(loader), start=batches_done)
-
-    def _even(self, loader: Any) -> Any:
-        """A stream's batches, ending on every process together (see ``EvenBatches``); the
-        batches of map-style data are already even (Accelerate's sampler)."""
-        if self.accelerator.num_processes == 1 or _length(loader) is not None:
-            return loader
-        return distributed.EvenBatches(loader, self.accelerator.device)
+        return enumerate(distributed.evened(loader, self.accelerator), start=batches_done)
 
     def _micro_step(self, batch: dict[str, Any], index: int, plan: Plan) -> bool:
         """Forward and backward one batch; at the end of an accumulation window, clip and step
@@ -435,7 +430,9 @@ class AccelerateRun:
         loader = loader if dataset is None else acc.prepare(loader)
         steps = _length(loader)
         tally = evaluation_loop(
-            self._even(loader), score, lambda step: self.reporter.eval_step(step, steps)
+            distributed.evened(loader, acc),
+            score,
+            lambda step: self.reporter.eval_step(step, steps),
         )
         self._eval_count = count = tally.samples
         self.reporter.end_eval(count)

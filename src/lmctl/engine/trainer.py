@@ -25,6 +25,7 @@ from lmctl.run.lifecycle import (
     save_final_model,
     stop_agreed,
     train_samples,
+    trained_mixture,
     training_record,
 )
 from lmctl.run.progress import StepReporter
@@ -325,13 +326,9 @@ def _make_trainer_class() -> type:
                 loader: Any = super().get_eval_dataloader(eval_dataset)
             finally:
                 self.data_collator = train_collator
-            dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-            if self.args.world_size > 1 and not has_length(dataset):
-                # Accelerate's loader looks one batch ahead of what it yields, so every
-                # process still learns at the same batch that its stream has ended.
-                loader.base_dataloader = distributed.EvenBatches(
-                    loader.base_dataloader, self.args.device
-                )
+            # Accelerate's loader looks one batch ahead of what it yields, so every process
+            # of a stream still learns at the same batch that its stream has ended.
+            loader.base_dataloader = distributed.evened(loader.base_dataloader, self.accelerator)
             return loader
 
         def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
@@ -576,6 +573,8 @@ def _train_and_evaluate(
             ),
             console=console,
         )
+        cursor = getattr(trainer.stream_position, "cursor", None)
+        result.mixture = trained_mixture(cursor, trainer.accelerator)
         save_final_model(
             run_dir,
             owner="trainer",

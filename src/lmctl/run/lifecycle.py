@@ -49,6 +49,8 @@ class EngineResult:
     resumed_from: str | None = None
     interrupted_at: int | None = None
     checkpoint: Path | None = None
+    #: A streamed mixture's examples trained on per source, over every process.
+    mixture: dict[str, int] = field(default_factory=dict)
 
 
 def evaluate_sources(
@@ -72,15 +74,29 @@ def evaluate_sources(
     return out
 
 
-def mixture_figures(mixture: dict[str, int]) -> dict[str, Any]:
-    """The training mixture as trained on: ``train_<name>_records`` and ``train_<name>_share``
-    of each source."""
+def mixture_figures(mixture: dict[str, int], unit: str = "records") -> dict[str, Any]:
+    """The training mixture as trained on: ``train_<name>_<unit>`` (the records a mixture
+    of datasets holds, or the examples a streamed one gave to training) and
+    ``train_<name>_share`` of each source."""
     total = sum(mixture.values()) or 1
     out: dict[str, Any] = {}
     for name, count in mixture.items():
-        out[f"train_{name}_records"] = count
+        out[f"train_{name}_{unit}"] = count
         out[f"train_{name}_share"] = round(count / total, 4)
     return out
+
+
+def trained_mixture(cursor: Any, accelerator: Any) -> dict[str, int]:
+    """A streamed mixture's examples trained on per source, summed over every process
+    (each calls this at the same point); empty for any other data."""
+    counts = {} if cursor is None else cursor.source_counts()
+    if not counts or accelerator.num_processes == 1:
+        return counts
+    import torch
+
+    local = torch.tensor(list(counts.values()), device=accelerator.device)
+    total = accelerator.reduce(local, reduction="sum")
+    return dict(zip(counts, (int(value) for value in total.tolist()), strict=True))
 
 
 def length_sampler(lengths: list[int] | None, window: int, seed: int) -> Any:

@@ -231,6 +231,7 @@ def _stream(
             numbered = [(number, shard) for number, part in enumerate(source.parts)
                         for shard in part.shards]  # fmt: skip
             plan = _plan(data, seed, numbered, source.parts[0].readers.workers)
+            plan.parts = [named.name for named in data.train_sources]
         parts = [
             _source_stream(data, part, examples_of(part), features, seed=seed, plan=plan,
                            part=number, empty=empty)

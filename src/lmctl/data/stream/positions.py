@@ -56,6 +56,8 @@ class StreamPlan:
     resume_epoch: int = -1
     #: (worker, shard) -> [examples given, *position after the last of them]
     resume: dict[tuple[int, int], list[int]] | None = None
+    #: The names of a mixture's sources, whose shards are numbered ``(part, shard)``.
+    parts: list[str] | None = None
 
     def seek(self, worker: int, shard: int) -> tuple[int, list[int] | None]:
         """Placeholders to yield first, and the position to read on from (None: the
@@ -115,6 +117,8 @@ class StreamCursor:
     def __init__(self, plan: StreamPlan) -> None:
         self.plan = plan
         self.readers: dict[tuple[int, int], list[int]] = {}
+        #: Shard -> examples of it trained on in every pass so far (resumes included).
+        self.trained: dict[int, int] = {}
 
     def begin_pass(self, epoch: int) -> None:
         """Called before the pass's dataloader iterator is made."""
@@ -146,6 +150,18 @@ class StreamCursor:
             worker = MERGED if self.merged else worker
             given = self.readers.get((worker, shard), [0])[0]
             self.readers[(worker, shard)] = [given + count, *position]
+            self.trained[shard] = self.trained.get(shard, 0) + count
+
+    def source_counts(self) -> dict[str, int]:
+        """A mixture's examples trained on so far by this process, per source (empty for
+        one source)."""
+        names = self.plan.parts
+        if not names:
+            return {}
+        counts = dict.fromkeys(names, 0)
+        for shard, count in self.trained.items():
+            counts[names[self.plan.shards[shard][0]]] += count
+        return counts
 
     def state(self) -> dict[str, list[int]]:
         """JSON-ready: ``"<worker>:<shard>"`` -> [examples given, *position]."""
@@ -160,11 +176,16 @@ class StreamCursor:
         return {"workers": plan.workers, "window": plan.window, "shards": len(plan.shards)}
 
     def restore(
-        self, epoch: int, readers: dict[str, list[int]], layout: dict[str, int] | None = None
+        self,
+        epoch: int,
+        readers: dict[str, list[int]],
+        layout: dict[str, int] | None = None,
+        trained: dict[str, int] | None = None,
     ) -> None:
-        """Continue from recorded positions (in pass ``epoch``); refuses a stream laid out
-        otherwise than the one they were recorded in."""
+        """Continue from recorded positions (in pass ``epoch``) and counts of examples
+        trained on; refuses a stream laid out otherwise than the one they were recorded in."""
         _check_layout(layout or {}, self.layout())
+        self.trained = {int(shard): int(count) for shard, count in (trained or {}).items()}
         resume = {}
         for key, record in readers.items():
             worker, shard = (int(part) for part in key.split(":"))
@@ -300,18 +321,21 @@ class StreamRecord:
     readers: dict[str, list[int]] | None = None
     #: What the readers' positions depend on (see ``StreamCursor.layout``).
     layout: dict[str, int] | None = None
+    #: Shard -> examples of it this process trained on over every pass (``"<shard>"`` keys).
+    trained: dict[str, int] | None = None
 
     @classmethod
     def of(cls, epoch: int, batches: int, cursor: StreamCursor | None) -> StreamRecord:
         if cursor is None:
             return cls(epoch, batches)
         # At a pass's start (a save after the pass ended) no reader has given anything yet.
-        return cls(epoch, batches, cursor.state() if batches else {}, cursor.layout())
+        trained = {str(shard): count for shard, count in sorted(cursor.trained.items())}
+        return cls(epoch, batches, cursor.state() if batches else {}, cursor.layout(), trained)
 
     def continue_in(self, cursor: StreamCursor | None) -> None:
         """Make ``cursor``'s stream seek to the recorded positions (if any were recorded)."""
         if cursor is not None and self.readers is not None:
-            cursor.restore(self.epoch, self.readers, self.layout)
+            cursor.restore(self.epoch, self.readers, self.layout, self.trained)
 
     @property
     def merged(self) -> bool:
@@ -337,7 +361,15 @@ class StreamRecord:
         first = records[0]
         assert first is not None
         readers = merge_readers([r.readers for r in records if r is not None and r.readers])
-        return cls(first.epoch, first.batches, readers, first.layout)
+        # Each process counts on from its own count; from another number of processes, the
+        # first goes on from the sum of them all, so that the total holds.
+        trained: dict[str, int] = {}
+        if saved == processes:
+            trained = dict((own and own.trained) or {})
+        for record in records if rank == 0 and saved != processes else []:
+            for shard, count in ((record and record.trained) or {}).items():
+                trained[shard] = trained.get(shard, 0) + count
+        return cls(first.epoch, first.batches, readers, first.layout, trained)
 
     @staticmethod
     def file(checkpoint: Path, rank: int) -> Path:
@@ -351,6 +383,8 @@ class StreamRecord:
             record["readers"] = self.readers
         if self.layout is not None:
             record["layout"] = self.layout
+        if self.trained:
+            record["trained"] = self.trained
         self.file(checkpoint, rank).write_text(json.dumps(record) + "\n", encoding="utf-8")
 
     @classmethod
@@ -360,10 +394,11 @@ class StreamRecord:
             readers = data.get("readers")
             if readers is not None:
                 readers = {str(key): [int(value) for value in row] for key, row in readers.items()}
-            layout = data.get("layout")
-            if layout is not None:
-                layout = {str(key): int(value) for key, value in layout.items()}
-            return cls(int(data["epoch"]), int(data["batches"]), readers, layout)
+            layout, trained = (
+                None if data.get(name) is None else {str(k): int(v) for k, v in data[name].items()}
+                for name in ("layout", "trained")
+            )
+            return cls(int(data["epoch"]), int(data["batches"]), readers, layout, trained)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
