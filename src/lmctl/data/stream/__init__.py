@@ -227,19 +227,18 @@ def _stream(
     training = split == "train"
     if isinstance(source, MixedSource):
         plan = None
-        if training and source.records_positions:
+        if training:
             numbered = [(number, shard) for number, part in enumerate(source.parts)
                         for shard in part.shards]  # fmt: skip
             plan = _plan(data, seed, numbered, source.parts[0].readers.workers)
             plan.parts = [named.name for named in data.train_sources]
+            plan.seeks = source.records_positions
         parts = [
             _source_stream(data, part, examples_of(part), features, seed=seed, plan=plan,
                            part=number, empty=empty)
             for number, part in enumerate(source.parts)
         ]  # fmt: skip
         stream = _mixed(parts, source, seed=seed)
-        if training and plan is None and data.shuffle_buffer_size > 0:
-            stream = stream.shuffle(seed=seed, buffer_size=data.shuffle_buffer_size)
         shards = f"{len(source.parts)} sources"
     else:
         plan = None

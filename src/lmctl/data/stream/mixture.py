@@ -14,7 +14,8 @@ without collating them. A mixture that repeats the sources that run out (``all_e
 reads a source more than once in a pass, which positions per pass cannot tell apart: it
 records none, and a resumed run reads the batches consumed before the checkpoint again and
 drops them (exact, in time that grows with the steps done; :data:`MIXTURE_RESUME_NOTE` says
-so in the log).
+so in the log). Either way each process counts the examples of each source it trained on,
+which checkpoints keep: the shares of the mixture as trained on.
 """
 
 from __future__ import annotations

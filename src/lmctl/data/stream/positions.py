@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,11 @@ class StreamPlan:
     resume: dict[tuple[int, int], list[int]] | None = None
     #: The names of a mixture's sources, whose shards are numbered ``(part, shard)``.
     parts: list[str] | None = None
+    #: Whether checkpoints record positions that a resumed reader seeks to: a mixture that
+    #: repeats the sources that run out reads a shard again inside one pass, which positions
+    #: per pass cannot tell apart; it records its counts only, and a resumed run reads the
+    #: consumed batches again.
+    seeks: bool = True
 
     def seek(self, worker: int, shard: int) -> tuple[int, list[int] | None]:
         """Placeholders to yield first, and the position to read on from (None: the
@@ -176,16 +181,11 @@ class StreamCursor:
         return {"workers": plan.workers, "window": plan.window, "shards": len(plan.shards)}
 
     def restore(
-        self,
-        epoch: int,
-        readers: dict[str, list[int]],
-        layout: dict[str, int] | None = None,
-        trained: dict[str, int] | None = None,
+        self, epoch: int, readers: dict[str, list[int]], layout: dict[str, int] | None = None
     ) -> None:
-        """Continue from recorded positions (in pass ``epoch``) and counts of examples
-        trained on; refuses a stream laid out otherwise than the one they were recorded in."""
+        """Continue from recorded positions (in pass ``epoch``); refuses a stream laid out
+        otherwise than the one they were recorded in."""
         _check_layout(layout or {}, self.layout())
-        self.trained = {int(shard): int(count) for shard, count in (trained or {}).items()}
         resume = {}
         for key, record in readers.items():
             worker, shard = (int(part) for part in key.split(":"))
@@ -330,12 +330,18 @@ class StreamRecord:
             return cls(epoch, batches)
         # At a pass's start (a save after the pass ended) no reader has given anything yet.
         trained = {str(shard): count for shard, count in sorted(cursor.trained.items())}
+        if not cursor.plan.seeks:
+            return cls(epoch, batches, trained=trained)
         return cls(epoch, batches, cursor.state() if batches else {}, cursor.layout(), trained)
 
     def continue_in(self, cursor: StreamCursor | None) -> None:
-        """Make ``cursor``'s stream seek to the recorded positions (if any were recorded)."""
-        if cursor is not None and self.readers is not None:
-            cursor.restore(self.epoch, self.readers, self.layout, self.trained)
+        """Make ``cursor`` count on from the recorded counts, and its stream seek to the
+        recorded positions (if any were recorded)."""
+        if cursor is None:
+            return
+        cursor.trained = {int(shard): count for shard, count in (self.trained or {}).items()}
+        if self.readers is not None:
+            cursor.restore(self.epoch, self.readers, self.layout)
 
     @property
     def merged(self) -> bool:
@@ -356,19 +362,17 @@ class StreamRecord:
         if saved == processes and (own is None or not own.merged):
             return own
         records = [cls.read(checkpoint, index) for index in range(saved)]
-        if not records or any(r is None or r.readers is None for r in records):
-            return own
-        first = records[0]
-        assert first is not None
-        readers = merge_readers([r.readers for r in records if r is not None and r.readers])
         # Each process counts on from its own count; from another number of processes, the
         # first goes on from the sum of them all, so that the total holds.
-        trained: dict[str, int] = {}
-        if saved == processes:
-            trained = dict((own and own.trained) or {})
+        trained = dict((own and own.trained) or {}) if saved == processes else {}
         for record in records if rank == 0 and saved != processes else []:
             for shard, count in ((record and record.trained) or {}).items():
                 trained[shard] = trained.get(shard, 0) + count
+        if not records or any(r is None or r.readers is None for r in records):
+            return None if own is None else replace(own, trained=trained)
+        first = records[0]
+        assert first is not None
+        readers = merge_readers([r.readers for r in records if r is not None and r.readers])
         return cls(first.epoch, first.batches, readers, first.layout, trained)
 
     @staticmethod
