@@ -11,7 +11,10 @@ from typing import Any
 import pytest
 import torch
 
+from lmctl.config.loader import build_config
+from lmctl.config.slices import Access, DataSpec, take
 from lmctl.data.stream import readers
+from lmctl.data.stream.mixture import MixedSource, stream_named_sources
 from lmctl.data.stream.positions import (
     POSITION_COLUMN,
     ReadPoint,
@@ -23,7 +26,9 @@ from lmctl.data.stream.positions import (
     positioned,
     strip_positions,
 )
+from lmctl.data.stream.sources import Readers
 from lmctl.errors import ConfigError
+from lmctl.objectives.clm import ClmConfig
 
 SHARDS, PER_SHARD, WINDOW = 8, 11, 3
 
@@ -156,3 +161,33 @@ def test_a_mixture_counts_the_examples_of_each_source_over_passes_and_worlds(
         record.continue_in(elsewhere)
         assert elsewhere.source_counts() == expected
     assert StreamCursor(_plan()).source_counts() == {}
+
+
+def test_a_mixture_resumed_on_other_readers_cuts_its_files_as_before(tmp_path: Path) -> None:
+    """Each file of a streamed mixture is cut into shards for the readers that read it; a
+    run going on with other readers cuts every file as the checkpoint's readers had it, so
+    that every recorded position finds its shard (the checkpoint records the shard count of
+    the whole mixture, not of each source)."""
+    for name in ("web", "code"):
+        (tmp_path / f"{name}.txt").write_text("".join(f"{name} {n}\n" for n in range(500)))
+    sources = [{"name": name, "file": str(tmp_path / f"{name}.txt")} for name in ("web", "code")]
+    config = build_config(
+        ClmConfig,
+        cli_values={"train_sources": sources, "model_type": "gpt2", "tokenizer_name": "t",
+                    "streaming": True, "max_steps": 1, "do_eval": False},
+    )  # fmt: skip
+
+    def shards(readers_: Readers) -> list[list[Any]]:
+        splits = stream_named_sources(
+            take(DataSpec, config), take(Access, config), readers_,
+            need_train=True, need_eval=False, text_options={},
+        )  # fmt: skip
+        mixed = splits["train"]
+        assert isinstance(mixed, MixedSource)
+        return [part.shards for part in mixed.parts]
+
+    saved = shards(Readers(2, 2))
+    assert [len(part) for part in saved] == [4, 4]
+    assert [len(part) for part in shards(Readers(1, 2))] == [2, 2]
+    assert shards(Readers(1, 2, shards=8, cut_for=4)) == saved
+    assert shards(Readers(4, 2, shards=8, cut_for=4)) == saved

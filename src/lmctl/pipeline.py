@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from lmctl.data.load import limit_samples, load_raw, silence_libraries
 from lmctl.data.mixture import load_named_sources
 from lmctl.data.prepared import cache_root
-from lmctl.data.stream.positions import recorded_shards
+from lmctl.data.stream.positions import recorded_layout
 from lmctl.data.stream.sources import Readers
 from lmctl.distributed import import_deepspeed_when_used
 from lmctl.fastpaths.allocator import keep_freed_blocks
@@ -229,13 +229,11 @@ def prepare(
     paths = runtime.fast_paths
     # Before the model and its first step allocate.
     paths.apply("allocator", keep_freed_blocks, "the C library is not glibc")
-    prepared = prepare_data(
-        spec,
-        objective,
-        console,
-        readers=Readers(runtime.processes, runtime.workers, recorded_shards(runtime.resume)),
-        resume=runtime.resume,
+    layout = recorded_layout(runtime.resume)
+    readers = Readers(
+        runtime.processes, runtime.workers, layout.get("shards"), layout.get("readers")
     )
+    prepared = prepare_data(spec, objective, console, readers=readers, resume=runtime.resume)
     training = spec.loop.do_train
     model = build_model(
         objective,

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from lmctl.config.slices import DataSpec
     from lmctl.console import Console
     from lmctl.data.stream.mixture import MixedSource
-    from lmctl.data.stream.sources import TextSource
+    from lmctl.data.stream.sources import Readers, TextSource
 
 
 def _chunks_from(
@@ -230,7 +230,7 @@ def _stream(
         if training:
             numbered = [(number, shard) for number, part in enumerate(source.parts)
                         for shard in part.shards]  # fmt: skip
-            plan = _plan(data, seed, numbered, source.parts[0].readers.workers)
+            plan = _plan(data, seed, numbered, source.parts[0].readers)
             plan.parts = [named.name for named in data.train_sources]
             plan.seeks = source.records_positions
         parts = [
@@ -243,7 +243,7 @@ def _stream(
     else:
         plan = None
         if training:
-            plan = _plan(data, seed, source.shards, source.readers.workers)
+            plan = _plan(data, seed, source.shards, source.readers)
         stream = _source_stream(
             data, source, examples_of(source), features, seed=seed, plan=plan, empty=empty
         )
@@ -256,8 +256,10 @@ def _stream(
     return stream
 
 
-def _plan(data: DataSpec, seed: int, shards: list[Any], workers: int) -> StreamPlan:
-    return StreamPlan(seed, max(1, data.shuffle_buffer_size), shards, workers)
+def _plan(data: DataSpec, seed: int, shards: list[Any], readers: Readers) -> StreamPlan:
+    plan = StreamPlan(seed, max(1, data.shuffle_buffer_size), shards, readers.workers)
+    plan.cut_for = readers.cut_for or readers.count
+    return plan
 
 
 def _source_stream(

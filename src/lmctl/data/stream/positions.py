@@ -51,6 +51,8 @@ class StreamPlan:
     shards: list[Any]
     #: Dataloader workers per process (0: the process itself reads).
     workers: int = 0
+    #: The readers (processes x workers) that the files were cut into shards for.
+    cut_for: int = 1
     epoch: int = 0
     #: The pass that ``resume`` belongs to; other passes read from the start.
     resume_epoch: int = -1
@@ -178,7 +180,12 @@ class StreamCursor:
     def layout(self) -> dict[str, int]:
         """What positions only mean the same under: recorded with them, checked on resume."""
         plan = self.plan
-        return {"workers": plan.workers, "window": plan.window, "shards": len(plan.shards)}
+        return {
+            "workers": plan.workers,
+            "window": plan.window,
+            "shards": len(plan.shards),
+            "readers": plan.cut_for,
+        }
 
     def restore(
         self, epoch: int, readers: dict[str, list[int]], layout: dict[str, int] | None = None
@@ -407,7 +414,8 @@ class StreamRecord:
             return None
 
 
-def recorded_shards(checkpoint: Path | None) -> int | None:
-    """The training stream's shard count that ``checkpoint`` recorded (None: none)."""
+def recorded_layout(checkpoint: Path | None) -> dict[str, int]:
+    """The training stream's layout that ``checkpoint`` recorded (empty: none): its shard
+    count, and the readers its files were cut into shards for."""
     record = StreamRecord.read(checkpoint) if checkpoint is not None else None
-    return None if record is None or record.layout is None else record.layout.get("shards")
+    return {} if record is None or record.layout is None else record.layout

@@ -49,6 +49,9 @@ class Readers:
     #: The training stream's shard count that the checkpoint a run resumes from recorded
     #: (None: planned for these readers); kept when the number of processes changes.
     shards: int | None = None
+    #: The readers that the checkpoint's training files were cut into shards for (None:
+    #: these): a resumed run cuts each file of a mixture as the run it goes on from did.
+    cut_for: int | None = None
 
     @property
     def count(self) -> int:
@@ -148,8 +151,8 @@ def _line_sources(
             raise DataError(f"{path}: no file matches", "check the path or pattern")
         total = sum(size for _, size in files)
         window = (int(total * low), int(total * high))
-        recorded = readers.shards if split == "train" else None
-        shards = plan_shards(files, window, readers.count, count=recorded)
+        recorded, cut_for = (readers.shards, readers.cut_for) if split == "train" else (None, None)
+        shards = plan_shards(files, window, cut_for or readers.count, count=recorded)
         where = path if (low, high) == (0.0, 1.0) else f"{path} ({split} part)"
         if not shards:
             raise DataError(
