@@ -191,3 +191,17 @@ def test_a_mixture_resumed_on_other_readers_cuts_its_files_as_before(tmp_path: P
     assert [len(part) for part in shards(Readers(1, 2))] == [2, 2]
     assert shards(Readers(1, 2, shards=8, cut_for=4)) == saved
     assert shards(Readers(4, 2, shards=8, cut_for=4)) == saved
+
+
+def test_a_local_file_is_read_by_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream's shards, and the order each is shuffled in, are keyed by the file's path: a
+    run given a relative path and its resume (whose config holds it absolute) read the same."""
+    (tmp_path / "a.txt").write_text("one\n")
+    monkeypatch.chdir(tmp_path)
+    assert (
+        readers.expand("a.txt")
+        == readers.expand(str(tmp_path / "a.txt"))
+        == [str(tmp_path / "a.txt")]
+    )

@@ -249,3 +249,61 @@ def test_a_stream_saved_by_one_process_goes_on_with_two(
     assert len(set(before + after)) == len(before) + len(after), "an example trained twice"
     final, uninterrupted = results(killed)["eval_loss"], results(full)["eval_loss"]
     assert abs(final - uninterrupted) <= 0.01 * uninterrupted, (final, uninterrupted)
+
+
+def test_a_streamed_mixture_saved_by_two_processes_goes_on_with_one(
+    bpe_tokenizer: Path, tmp_path: Path
+) -> None:
+    """A mixture of a reader (a table of eight partitions) and a text file, streamed by two
+    processes of two dataloader workers each: SIGKILL after a checkpoint, `lmctl resume
+    --nproc 1`: every shard of each source goes on from its position (its file cut as the
+    two processes had it, and its shuffled order the same although the resumed run reads
+    the file's path made absolute), no example is trained twice, and the examples of each
+    source trained on count the whole run."""
+    import sqlite3
+
+    import yaml
+
+    from tests.test_sources import EXAMPLE
+
+    lines = corpus_lines()
+    with sqlite3.connect(tmp_path / "corpus.db") as connection:
+        connection.execute("CREATE TABLE corpus (id INTEGER PRIMARY KEY, partition INT, text TEXT)")
+        rows = [(n, n % 8, f"{n} {line}") for n, line in enumerate(lines[:800])]
+        connection.executemany("INSERT INTO corpus VALUES (?, ?, ?)", rows)
+    (tmp_path / "readers.py").write_text((EXAMPLE / "readers.py").read_text())
+    books = "".join(f"{n} {line}\n" for n, line in enumerate(lines[800:1100], start=800))
+    (tmp_path / "books.txt").write_text(books)
+    table = {"db": str(tmp_path / "corpus.db"), "partitions": list(range(8))}
+    sources = [
+        {
+            "name": "table",
+            "reader": f"{tmp_path / 'readers.py'}:rows",
+            "args": table,
+            "weight": 0.7,
+        },
+        {"name": "books", "file": "books.txt", "weight": 0.3},  # relative: lmctl.yaml's is not
+    ]
+    (tmp_path / "mix.yaml").write_text(yaml.safe_dump({"train_sources": sources}))
+    killed, seen_killed, seen_resumed = tmp_path / "killed", tmp_path / "sk", tmp_path / "sr"
+    seen_killed.mkdir()
+    seen_resumed.mkdir()
+    command = lmctl_command(
+        "train", "clm", "--config", tmp_path / "mix.yaml", *TINY_GPT2, "--tokenizer",
+        bpe_tokenizer, "--block-size", "16", "--streaming", "--max-steps", "12",
+        "--per-device-train-batch-size", "4", "--save-steps", "4", "--no-eval",
+        "--dataloader-num-workers", "2", "--engine", "accelerate", "--import", RECORDER,
+        "-o", killed, "--nproc", "2",
+    )  # fmt: skip
+    slow = {"LMCTL_RECORD_DIR": str(seen_killed), "LMCTL_STEP_DELAY": "0.5"}
+    kill_when(start(command, tmp_path, slow), (killed / "checkpoint-4").is_dir)
+
+    resumed = _resume_on(1, killed, tmp_path, seen_resumed)
+    assert "continuing on 1 with the same global batch of 8" in resumed.stderr
+    before = [row for rank in (0, 1) for row in records(seen_killed, rank)[: 4 * 4]]
+    after = records(seen_resumed, 0)
+    assert len(before) == 32 and len(after) == 8 * 8
+    assert len(set(before + after)) == len(before) + len(after), "an example trained twice"
+    trained = results(killed)
+    counts = [trained["train_table_examples"], trained["train_books_examples"]]
+    assert sum(counts) == trained["train_samples"] == 12 * 8 and min(counts) > 0

@@ -66,6 +66,13 @@ class StreamPlan:
     #: consumed batches again.
     seeks: bool = True
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> StreamPlan:
+        """The plan itself: the engine sets it for the stream's generators, and ``datasets``
+        deep-copies the sources it interleaves (a mixture's), which would leave them a copy
+        that a resume or a new pass never reaches. (Dataloader workers get a copy pickled
+        when each pass starts, after the engine set it.)"""
+        return self
+
     def seek(self, worker: int, shard: int) -> tuple[int, list[int] | None]:
         """Placeholders to yield first, and the position to read on from (None: the
         shard's start)."""

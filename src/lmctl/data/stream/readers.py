@@ -6,6 +6,7 @@ file still feeds many readers. Hub datasets, csv, parquet and JSON arrays are re
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import pairwise
@@ -212,9 +213,11 @@ def plan_shards(
 
 
 def expand(path: str) -> list[str]:
-    """The files a data path names (a pattern such as ``data/*.txt`` names several)."""
+    """The files a data path names (a pattern such as ``data/*.txt`` names several); local
+    files by their absolute paths, which a stream's shards (and their shuffled orders) are
+    keyed by: a resumed run reads its config with the paths made absolute."""
     if not is_remote(path):
-        return matching_files(path)
+        return [os.path.abspath(file) for file in matching_files(path)]
     if not has_glob(path):
         return [path]
     from fsspec.core import url_to_fs
