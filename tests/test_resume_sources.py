@@ -7,6 +7,8 @@ streamed, on both engines. Each process records the examples it trains on
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +64,7 @@ def _sources(kind: str, folder: Path) -> list[dict[str, Any]]:
     return chosen
 
 
-def _args(
-    kind: str, engine: str, folder: Path, tokenizer: Path, out: Path, *extra: str
-) -> list[str]:
-    config = out.parent / f"{out.name}.yaml"
-    config.write_text(yaml.safe_dump({"train_sources": _sources(kind, folder)}), encoding="utf-8")
+def _args(config: Path, engine: str, tokenizer: Path, out: str | Path, *extra: str) -> list[str]:
     return lmctl_command(
         "train", "clm", "--config", config, *TINY_GPT2, "--tokenizer-name", tokenizer,
         "--block-size", "16", "--per-device-train-batch-size", str(BATCH), "--no-eval",
@@ -75,44 +73,80 @@ def _args(
     )  # fmt: skip
 
 
+@dataclass
+class Continued:
+    """A run interrupted after a checkpoint and continued from it: the log of the part that
+    continued it, the checkpoint (a local copy of it), and the examples trained on before the
+    interruption and after it."""
+
+    log: str
+    checkpoint: Path
+    before: list[tuple[int, ...]]
+    after: list[tuple[int, ...]]
+
+
+#: Runs the training command that ``command(run_dir)`` gives, interrupts it after a
+#: checkpoint and continues it, in the test's folder.
+Interruption = Callable[[Callable[[str | Path], list[str]], Path], Continued]
+
+#: Each training forward sleeps this long in a run that is to be killed, so that it is
+#: killed before its next checkpoint.
+SLOW = {"LMCTL_STEP_DELAY": "0.3"}
+
+
+def _folders(tmp_path: Path, out: str, *seen: str) -> list[Path]:
+    """The run directory ``out`` (not made) and the record folders ``seen`` (made)."""
+    for name in seen:
+        (tmp_path / name).mkdir()
+    return [tmp_path / name for name in (out, *seen)]
+
+
+def killed_then_resumed(command: Callable[[str | Path], list[str]], tmp_path: Path) -> Continued:
+    """SIGKILL once the first checkpoint is saved, then ``lmctl resume RUN_DIR``."""
+    killed, seen_killed, seen_resumed = _folders(tmp_path, "killed", "seen-killed", "seen-resumed")
+    proc = start(command(killed), tmp_path, {"LMCTL_RECORD_DIR": str(seen_killed), **SLOW})
+    kill_when(proc, (killed / f"checkpoint-{SAVE_STEPS}").is_dir)
+    latest = checkpoints.latest_checkpoint(killed)
+    assert latest is not None
+    resumed = run(lmctl_command("resume", killed), tmp_path,
+                  {"LMCTL_RECORD_DIR": str(seen_resumed)})  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    return Continued(resumed.stderr, latest, records(seen_killed, 0), records(seen_resumed, 0))
+
+
 def check_exact_resume(
-    kind: str, engine: str, folder: Path, tokenizer: Path, tmp_path: Path, *extra: str
-) -> tuple[str, Path]:
-    """Train uninterrupted, then kill a second run after its first checkpoint and resume it:
-    the resumed run trains on the examples the uninterrupted one trained on after that
-    checkpoint, in the same order. Returns the resumed run's log and the checkpoint."""
-    full, seen_full = tmp_path / "full", tmp_path / "seen-full"
-    seen_full.mkdir()
-    proc = run(_args(kind, engine, folder, tokenizer, full, *extra), tmp_path,
+    kind: str,
+    engine: str,
+    folder: Path,
+    tokenizer: Path,
+    tmp_path: Path,
+    *extra: str,
+    interrupt: Interruption = killed_then_resumed,
+) -> Continued:
+    """Train uninterrupted, then interrupt a second run after a checkpoint and continue it
+    (``interrupt``): the continued run trains on the examples the uninterrupted one trained
+    on after that checkpoint, in the same order, and the interrupted one trained on those
+    before it."""
+    config = tmp_path / f"{kind}.yaml"
+    config.write_text(yaml.safe_dump({"train_sources": _sources(kind, folder)}), encoding="utf-8")
+    full, seen_full = _folders(tmp_path, "full", "seen-full")
+    proc = run(_args(config, engine, tokenizer, full, *extra), tmp_path,
                {"LMCTL_RECORD_DIR": str(seen_full)})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     reference = records(seen_full, 0)
     # Each pass of a stream may end on a short batch.
     assert MAX_STEPS * (BATCH - 1) < len(reference) <= MAX_STEPS * BATCH
 
-    killed, seen_killed = tmp_path / "killed", tmp_path / "seen-killed"
-    seen_killed.mkdir()
-    slow = {"LMCTL_RECORD_DIR": str(seen_killed), "LMCTL_STEP_DELAY": "0.3"}
-    proc = start(_args(kind, engine, folder, tokenizer, killed, *extra), tmp_path, slow)
-    kill_when(proc, (killed / f"checkpoint-{SAVE_STEPS}").is_dir)
-    latest = checkpoints.latest_checkpoint(killed)
-    assert latest is not None
-    step = checkpoints.checkpoint_step(latest)
-    assert step < MAX_STEPS
-
-    seen_resumed = tmp_path / "seen-resumed"
-    seen_resumed.mkdir()
-    resumed = run(lmctl_command("resume", killed), tmp_path,
-                  {"LMCTL_RECORD_DIR": str(seen_resumed)})  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert f"from {latest.name}" in resumed.stderr
-    # The run trained on the examples before the checkpoint, the resumed run on the rest.
-    rest = records(seen_resumed, 0)
-    done = len(reference) - len(rest)
+    continued = interrupt(lambda out: _args(config, engine, tokenizer, out, *extra), tmp_path)
+    step = checkpoints.checkpoint_step(continued.checkpoint)
+    assert 0 < step < MAX_STEPS
+    assert f"from {continued.checkpoint.name}" in continued.log
+    # The run trained on the examples before the checkpoint, the continued run on the rest.
+    done = len(reference) - len(continued.after)
     assert step * (BATCH - 1) < done <= step * BATCH
-    assert rest == reference[done:]
-    assert records(seen_killed, 0)[:done] == reference[:done]
-    return resumed.stderr, latest
+    assert continued.after == reference[done:]
+    assert continued.before[:done] == reference[:done]
+    return continued
 
 
 @pytest.mark.parametrize("engine", ["trainer", "accelerate"])
@@ -132,13 +166,14 @@ def test_sigkill_then_resume_of_a_stream_trains_on_the_same_examples(
     repeats the sources that run out reads the consumed batches again, and says so."""
     sources, _, repeating = kind.partition("-")
     strategy = "all_exhausted" if repeating else "first_exhausted"
-    log, checkpoint = check_exact_resume(
+    continued = check_exact_resume(
         sources, engine, folder, bpe_tokenizer, tmp_path, "--streaming",
         "--shuffle-buffer-size", "8", "--mix-stopping-strategy", strategy,
     )  # fmt: skip
-    assert ("reads the batches trained on before the checkpoint again" in log) == bool(repeating)
+    again = "reads the batches trained on before the checkpoint again" in continued.log
+    assert again == bool(repeating)
     # Without positions the accelerate engine writes no stream record at all.
-    recorded = checkpoint / "stream_position.json"
+    recorded = continued.checkpoint / "stream_position.json"
     position = json.loads(recorded.read_text()) if recorded.is_file() else {}
     assert ("readers" in position) == (not repeating)
     if sources == "mixture" and not repeating:
