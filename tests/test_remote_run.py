@@ -178,7 +178,8 @@ def test_killed_during_an_upload_then_resumed_from_the_bucket(
     proc = lmctl(*args(reference), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
 
-    # Checkpoint-2 and the run's files take 30 writes (23 + 7); the 40th is in checkpoint-4.
+    # The run's files and checkpoint-2 take 34 writes (11 + 23), the run's files again 3
+    # (those unchanged are not written again): the 40th is in checkpoint-4.
     killed = {**store.env(tmp_path), "LMCTL_TEST_PUSH_KILL_AFTER": "40"}
     proc = lmctl(*args(store.url), cwd=tmp_path, env=killed)
     assert proc.returncode == -signal.SIGKILL, proc.stderr

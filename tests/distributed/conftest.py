@@ -151,8 +151,10 @@ def kill_rank_when(
     return pids[0]
 
 
-def records(folder: Path, rank: int) -> list[tuple[int, ...]]:
-    file = folder / f"rank-{rank}.jsonl"
+def records(folder: Path, rank: int, restart: int = 0) -> list[tuple[int, ...]]:
+    """The examples the process of ``rank`` trained on (in its ``restart``-th restart by the
+    agent), as ``record_batches.py`` wrote them."""
+    file = folder / (f"rank-{rank}.restart-{restart}.jsonl" if restart else f"rank-{rank}.jsonl")
     return (
         [tuple(json.loads(line)) for line in file.read_text().splitlines()] if file.exists() else []
     )

@@ -1,5 +1,6 @@
 """Imported into a training run with ``--import``: each process writes the examples it trains
-on (token ids, padding and masking undone) to ``$LMCTL_RECORD_DIR/rank-<RANK>.jsonl``;
+on (token ids, padding and masking undone) to ``$LMCTL_RECORD_DIR/rank-<RANK>.jsonl``
+(``rank-<RANK>.restart-<N>.jsonl`` for the Nth restart of the process by torchrun's agent);
 ``$LMCTL_STEP_DELAY`` seconds of sleep per training forward slow a tiny run down enough to
 kill it between two checkpoints; ``$LMCTL_NAN_RANK`` makes that process's loss NaN from the
 third training forward on. Training batches are seen in the model's own forward, or where
@@ -25,6 +26,12 @@ from lmctl.metrics.lm_head import TiledHead
 CALLS = {"n": 0}
 
 
+def _record_name(rank: str) -> str:
+    """A restarted process records apart from the attempts before it."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    return f"rank-{rank}.restart-{restart}.jsonl" if restart else f"rank-{rank}.jsonl"
+
+
 def _observe(inputs: dict[str, Any]) -> bool:
     """Record one training batch and sleep as asked; returns whether this process's loss is
     to become NaN."""
@@ -40,7 +47,7 @@ def _observe(inputs: dict[str, Any]) -> bool:
             row[mask[index].bool()].tolist() if mask is not None else row.tolist()
             for index, row in enumerate(ids)
         ]
-        with (Path(folder) / f"rank-{rank}.jsonl").open("a") as handle:
+        with (Path(folder) / _record_name(rank)).open("a") as handle:
             for row in rows:
                 handle.write(json.dumps(row) + "\n")
     delay = float(os.environ.get("LMCTL_STEP_DELAY", "0"))

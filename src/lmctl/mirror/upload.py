@@ -7,9 +7,9 @@ checkpoint, once committed there, is uploaded by a background thread while train
 with the rule of ``lmctl push`` (:class:`lmctl.publish.stores.StoreTarget`): every file is uploaded
 under a staging prefix and verified, moved into place, and the checkpoint's
 ``lmctl-manifest.json`` is written last. A checkpoint without that manifest is incomplete,
-and nothing reads it. The run's own files (config, metrics, marker) follow each checkpoint;
-at the end the final model, results, model card, ``loss.png`` and tracker logs go up the
-same way.
+and nothing reads it. The run's own files (config, metrics, marker) go up before each
+checkpoint, so that the store holds them once a checkpoint is complete there; at the end the
+final model, results, model card, ``loss.png`` and tracker logs go up the same way.
 
 Training waits for an upload only when ``LMCTL_UPLOAD_QUEUE`` checkpoints wait for theirs
 already (at most ``--save-total-limit``, so that a rotation never deletes a checkpoint still
@@ -296,10 +296,12 @@ class RunMirror:
             )
             files = selection.files
             parts = self._parts_of(checkpoint.name, files)
-            self._retrying(checkpoint.name, lambda: self._publish(checkpoint.name, files, parts))
-            self._retrying(f"{checkpoint.name} rotation", self._rotate_remote)
+            # The run's files first: a complete checkpoint in the store is one a resume can
+            # read, also the first one of a run killed right after its manifest went up.
             run_files = self._run_files(final=False, root=snapshot)
             self._retrying("the run's files", lambda: self._publish("", run_files))
+            self._retrying(checkpoint.name, lambda: self._publish(checkpoint.name, files, parts))
+            self._retrying(f"{checkpoint.name} rotation", self._rotate_remote)
             size = human_size(sum(f.size for f in files))
             seconds = time.monotonic() - started
             self.console.info(
