@@ -221,6 +221,7 @@ def test_a_streamed_mixture_trains_and_evaluates_each_source_without_its_secret(
     for name, count in examples.items():
         assert 0 < count < 3 * 8
         assert results[f"train_{name}_share"] == round(count / (3 * 8), 4)
+        assert f"train_{name}_share" in proc.stdout  # in the end-of-run summary
     for text in (proc.stdout, proc.stderr):
         assert SECRET not in text
     for path in (work / "out").rglob("*"):

@@ -355,6 +355,10 @@ def headline(metrics: dict[str, Any], run_dir: str | None = None) -> dict[str, A
         "train_runtime",
     )
     shown: dict[str, Any] = {key: metrics[key] for key in keys if key in metrics}
+    # A mixture's shares as trained on (train_sources).
+    shown.update(
+        {k: v for k, v in metrics.items() if k.startswith("train_") and k.endswith("_share")}
+    )
     if run_dir is not None:
         from pathlib import Path
 
