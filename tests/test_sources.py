@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import yaml
 
-from lmctl.config.sources import DataSource
 from tests.conftest import TINY_GPT2, lmctl
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sources"
@@ -30,23 +29,47 @@ def make_table(path: Path, rows: int = 400, partitions: int = 8) -> None:
 def test_reader_shards_split_between_ranks_and_workers_are_disjoint_and_whole(
     tmp_path: Path,
 ) -> None:
+    """The training stream of a reader, as a run builds it, cut for two processes as
+    Accelerate cuts it (``IterableDataset.shard``) and read by two dataloader workers each:
+    no row is read twice, none is missed."""
     from torch.utils.data import DataLoader
 
-    from lmctl.data.sources import reader_stream, resolve_reader
+    from lmctl.config.loader import build_config
+    from lmctl.config.slices import Access, DataSpec, take
+    from lmctl.console import Console, OutputOptions
+    from lmctl.data.stream import example_streams
+    from lmctl.data.stream.mixture import stream_named_sources
+    from lmctl.data.stream.sources import Readers
+    from lmctl.objectives.clm import ClmConfig
 
     database = tmp_path / "corpus.db"
     make_table(database)
-    source = DataSource(
-        name="table",
-        reader=f"{EXAMPLE / 'readers.py'}:rows",
-        args={"db": str(database), "partitions": list(range(8))},
-    )
-    reader = resolve_reader(source, "train_sources[0]")
+    source = {
+        "name": "table",
+        "reader": f"{EXAMPLE / 'readers.py'}:rows",
+        "args": {"db": str(database), "partitions": list(range(8))},
+    }
+    config = build_config(
+        ClmConfig,
+        cli_values={"train_sources": [source], "model_type": "gpt2", "tokenizer_name": "t",
+                    "streaming": True, "max_steps": 1, "do_eval": False},
+    )  # fmt: skip
+    data = take(DataSpec, config)
+    sources = stream_named_sources(
+        data, take(Access, config), Readers(2, 2),
+        need_train=True, need_eval=False, text_options={}, records=True,
+    )  # fmt: skip
+
+    def ids(batch: list[dict[str, Any]]) -> dict[str, list[Any]]:
+        return {"id": [record["id"] for record in batch]}
+
+    console = Console(OutputOptions(quiet=True))
+    train = example_streams(data, sources, {"train": ids}, console, seed=1, unit="record")["train"]
     seen: list[list[int]] = []
     for rank in range(2):
-        stream = reader_stream(reader, rank=rank, world_size=2)
-        loader = DataLoader(stream, batch_size=None, num_workers=2)  # type: ignore[arg-type]
-        seen.append([int(record["id"]) for record in loader])
+        part = train.shard(num_shards=2, index=rank)
+        loader = DataLoader(part, batch_size=None, num_workers=2)  # type: ignore[arg-type]
+        seen.append([int(example["id"]) for example in loader])
     first, second = set(seen[0]), set(seen[1])
     assert len(first) == len(seen[0]) and len(second) == len(seen[1])
     assert not first & second

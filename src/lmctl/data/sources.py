@@ -4,9 +4,10 @@ datasets, mixed by weight for training and kept apart for evaluation.
 A reader is the user's generator function. It is called as ``datasets`` calls the generator
 of ``from_generator``: every list-valued argument is a shard list, scalars are bound for every
 call. lmctl calls it once per shard (each list argument cut to the one item of that shard), so
-that an error names the shard it happened in; ``IterableDataset.from_generator`` with the
-shard lists as ``gen_kwargs``, then ``split_dataset_by_node``, gives every distributed rank and
-every dataloader worker its own shards (:func:`reader_stream`). ``${NAME}`` strings in the
+that an error names the shard it happened in. A stream makes each item of the shard lists
+one shard of its own (:func:`lmctl.data.stream.sources.reader_source`), which the training
+stream shares between the distributed ranks and their dataloader workers, so that no two
+readers get the same shard and none is missed. ``${NAME}`` strings in the
 arguments are read from the environment only when the reader runs, in the process that runs
 it, and registered as secrets: the value is never in the config, the log, the card or the
 cache keys.
@@ -15,7 +16,7 @@ A map-style run reads a reader into a ``Dataset`` (:func:`reader_dataset`). ``da
 caches it only when the reader declares a version (a ``version`` attribute of the function):
 lmctl cannot tell whether a table changed, so without one it reads the reader again each run
 (into a temporary folder) and says so. A stream reads a reader one shard at a time
-(:func:`read_shard`), which a resumed stream starts again at a record count of a shard.
+(:func:`read_shards`), which a resumed stream starts again at a record count of a shard.
 Several training sources are mixed by :mod:`lmctl.data.mixture` (into a ``Dataset``) or
 :mod:`lmctl.data.stream.mixture` (as a stream).
 """
@@ -39,7 +40,7 @@ from lmctl.errors import ConfigError, DataError, LmctlError
 from lmctl.secrets import ENV_REFERENCE
 
 if TYPE_CHECKING:
-    from datasets import Dataset, IterableDataset
+    from datasets import Dataset
 
     from lmctl.config.slices import DataSpec
     from lmctl.config.sources import DataSource
@@ -255,21 +256,6 @@ def reader_dataset(reader: Reader, console_note: Callable[[str], None]) -> Datas
         )
     except Exception as exc:
         raise _unwrapped(exc, reader) from exc
-
-
-def reader_stream(reader: Reader, rank: int = 0, world_size: int = 1) -> IterableDataset:
-    """The reader's records as a stream whose shard lists ``datasets`` splits between the
-    ``world_size`` ranks (this one is ``rank``) and then between each rank's dataloader
-    workers: no shard is read twice, none is missed."""
-    import datasets
-    from datasets.distributed import split_dataset_by_node
-
-    stream = datasets.IterableDataset.from_generator(
-        read_shards, gen_kwargs={"reader": reader, **reader.shard_args}
-    )
-    if world_size > 1:
-        stream = split_dataset_by_node(stream, rank=rank, world_size=world_size)
-    return stream
 
 
 def _unwrapped(exc: BaseException, reader: Reader) -> LmctlError:
