@@ -178,6 +178,15 @@ def evened(loader: Any, accelerator: Any) -> Any:
     return loader
 
 
+def summed(values: dict[str, float], accelerator: Any) -> dict[str, float]:
+    """``values`` summed over the processes of ``accelerator`` (every process must call
+    this), in float64: counts stay exact."""
+    import torch
+
+    local = torch.tensor(list(values.values()), dtype=torch.float64, device=accelerator.device)
+    return dict(zip(values, accelerator.reduce(local, "sum").tolist(), strict=True))
+
+
 def take_evenly(batches: Iterator[Any], count: int, device: Any) -> list[Any]:
     """Up to ``count`` batches of ``batches``, as many on every process as the process with
     the fewest has (every process must call this)."""

@@ -118,10 +118,12 @@ def train(config: TrainConfig, objective: Objective, console: Console) -> dict[s
             if mirror is not None:
                 mirror.finish()  # this machine's part of the last checkpoints goes up first
             return {"output_dir": shown, "global_step": result.global_step, "metrics": {}}
-        if result.train_metrics and result.mixture:
-            result.train_metrics.update(lifecycle.mixture_figures(result.mixture, "examples"))
-        elif result.train_metrics and prepared.mixture:
-            result.train_metrics.update(lifecycle.mixture_figures(prepared.mixture))
+        # A streamed mixture counts what training took; a mixture of datasets, what it holds.
+        mixture, unit = (
+            (result.mixture, "examples") if result.mixture else (prepared.mixture, "records")
+        )
+        if result.train_metrics and mixture:
+            result.train_metrics.update(lifecycle.mixture_figures(mixture, unit))
         results = lifecycle.finish_run_dir(
             run_dir,
             spec,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmctl.distributed import summed
 from lmctl.errors import Interrupted, LmctlError, TrainingFailed
 from lmctl.metrics import loss_metrics
 from lmctl.run import card, checkpoints, history, rundir
@@ -92,11 +93,7 @@ def trained_mixture(cursor: Any, accelerator: Any) -> dict[str, int]:
     counts = {} if cursor is None else cursor.source_counts()
     if not counts or accelerator.num_processes == 1:
         return counts
-    import torch
-
-    local = torch.tensor(list(counts.values()), device=accelerator.device)
-    total = accelerator.reduce(local, reduction="sum")
-    return dict(zip(counts, (int(value) for value in total.tolist()), strict=True))
+    return {name: int(total) for name, total in summed(counts, accelerator).items()}
 
 
 def length_sampler(lengths: list[int] | None, window: int, seed: int) -> Any:

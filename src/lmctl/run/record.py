@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lmctl.distributed import summed
+
 if TYPE_CHECKING:
     from lmctl.run.progress import StepReporter
 
@@ -60,13 +62,7 @@ class LoopRecord:
     def totals(self) -> dict[str, float]:
         """This session's counters summed over processes (every process must call this); the
         run's totals go into the trainer state."""
-        import torch
-
-        keys = list(self.local)
-        local = torch.tensor(
-            [self.local[key] for key in keys], dtype=torch.float64, device=self.accelerator.device
-        )
-        totals = dict(zip(keys, self.accelerator.reduce(local, "sum").tolist(), strict=True))
+        totals = summed(self.local, self.accelerator)
         self.state.num_input_tokens_seen = int(self.restored["tokens"] + totals["tokens"])
         self.state.total_flos = self.restored["flos"] + totals["flos"]
         # Not a callback: TrainerState keeps this mapping as is, and the Trainer ignores

@@ -230,9 +230,9 @@ def _stream(
         if training:
             numbered = [(number, shard) for number, part in enumerate(source.parts)
                         for shard in part.shards]  # fmt: skip
-            plan = _plan(data, seed, numbered, source.parts[0].readers)
-            plan.parts = [named.name for named in data.train_sources]
-            plan.seeks = source.records_positions
+            names = [named.name for named in data.train_sources]
+            plan = _plan(data, seed, numbered, source.parts[0].readers, parts=names,
+                         seeks=source.records_positions)  # fmt: skip
         parts = [
             _source_stream(data, part, examples_of(part), features, seed=seed, plan=plan,
                            part=number, empty=empty)
@@ -256,10 +256,18 @@ def _stream(
     return stream
 
 
-def _plan(data: DataSpec, seed: int, shards: list[Any], readers: Readers) -> StreamPlan:
-    plan = StreamPlan(seed, max(1, data.shuffle_buffer_size), shards, readers.workers)
-    plan.cut_for = readers.cut_for or readers.count
-    return plan
+def _plan(
+    data: DataSpec,
+    seed: int,
+    shards: list[Any],
+    readers: Readers,
+    *,
+    parts: list[str] | None = None,
+    seeks: bool = True,
+) -> StreamPlan:
+    """A training stream's plan (``parts``, ``seeks``: a mixture's, see :class:`StreamPlan`)."""
+    window, cut_for = max(1, data.shuffle_buffer_size), readers.cut_for or readers.count
+    return StreamPlan(seed, window, shards, readers.workers, cut_for, parts=parts, seeks=seeks)
 
 
 def _source_stream(
